@@ -1,0 +1,14 @@
+"""Agent-workdir CUDA solution for tasks/relu.py; the kernel lives in kernels/relu.cu."""
+
+import torch
+import torch.nn as nn
+
+import cuda_extension  # built by the harness from kernels/*
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cuda_extension.relu_forward(x.contiguous())

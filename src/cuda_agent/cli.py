@@ -1,0 +1,243 @@
+"""The ``cuda-agent`` command line. Library code returns typed results; presentation lives here."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cuda_agent.environment.build import build_many
+from cuda_agent.environment import (
+    POLICIES, ConfigError, EvalConfig, SolutionError, TaskLoadError, Verdict, evaluate, load_solution,
+    load_task, load_tasks,
+)
+
+EXIT_BAD_USAGE = 2
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Agentic RL for CUDA kernels: evaluate candidates with a hack-resistant reward.")
+tasks_app = typer.Typer(no_args_is_help=True, help="Inspect task sets (KernelBench folders, datasets).")
+app.add_typer(tasks_app, name="tasks")
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail_usage(message: str) -> None:
+    err_console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(EXIT_BAD_USAGE)
+
+
+def default_device() -> str:
+    """``cuda`` when a CUDA GPU is visible, else the CPU backend."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _build_config(device: Optional[str], config_file: Optional[Path], precision: Optional[str],
+                  trials: Optional[int], compile_baseline: Optional[bool]) -> EvalConfig:
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        import yaml
+
+        try:
+            data = yaml.safe_load(config_file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            _fail_usage(f"{config_file}: cannot read config ({exc})")
+        if not isinstance(data, dict):
+            _fail_usage(f"{config_file}: config must be a mapping of sections (build, verify, timing, limits)")
+    data.setdefault("device", device or default_device())
+    if device:
+        data["device"] = device
+    verify = dict(data.get("verify") or {})
+    if precision is not None:
+        verify["precision"] = precision
+    if trials is not None:
+        verify["trials"] = trials
+    data["verify"] = verify
+    if compile_baseline is not None:
+        data["timing"] = {**(data.get("timing") or {}), "compile_baseline": compile_baseline}
+    try:
+        return EvalConfig.from_dict(data)
+    except (ConfigError, TypeError) as exc:
+        _fail_usage(f"invalid configuration: {exc}")
+        raise  # unreachable; keeps type checkers calm
+
+
+def _fmt(value: Optional[float], unit: str = "") -> str:
+    return "—" if value is None else f"{value:.4g}{unit}"
+
+
+def _verdict_table(verdict: Verdict) -> Table:
+    table = Table(title=f"{verdict.task}: {verdict.status.value}", show_header=False)
+    rows = [
+        ("reward", str(verdict.reward)),
+        ("compiled / correct", f"{verdict.compiled} / {verdict.correct}"),
+        ("precision policy", f"{verdict.precision_policy} (speed-ups vs TF32 {verdict.reward_baseline.replace('tf32_', '')})"),
+        ("candidate", _fmt(verdict.candidate_ms, " ms")),
+        ("eager", _fmt(verdict.eager_ms, " ms")),
+        ("torch.compile", _fmt(verdict.compile_ms, " ms")),
+        ("speed-up vs eager", _fmt(verdict.speedup_vs_eager, "x")),
+        ("speed-up vs compile", _fmt(verdict.speedup_vs_compile, "x")),
+        ("trials passed", f"{sum(t.passed for t in verdict.trials)}/{len(verdict.trials)}"),
+        ("build", "—" if verdict.build is None else f"{verdict.build.seconds:.1f} s" + (" (cached)" if verdict.build.cached else "")),
+        ("device", verdict.environment.get("gpu") or verdict.environment.get("cpu") or verdict.device),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    for violation in verdict.violations:
+        table.add_row("[red]violation[/red]", f"{violation.code}: {violation.message}")
+    for note in verdict.notes:
+        table.add_row("note", note)
+    if verdict.error:
+        table.add_row("[red]error[/red]", verdict.error[-3000:])
+    return table
+
+
+@app.command()
+def verify(
+    problem: Path = typer.Argument(..., help="KernelBench-format problem file (class Model, get_inputs, get_init_inputs)."),
+    solution: Path = typer.Argument(..., help="Single-file ModelNew solution, or an agent workdir (model_new.py + kernels/)."),
+    device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if a GPU is visible, else cpu)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object (the stable contract) instead of a table."),
+    precision: Optional[str] = typer.Option(None, help=f"Precision policy: {', '.join(POLICIES.names())} (default faithful)."),
+    trials: Optional[int] = typer.Option(None, help="Standard correctness trials with fresh secret seeds (>= 5)."),
+    compile_baseline: Optional[bool] = typer.Option(None, "--compile-baseline/--no-compile-baseline",
+                                                    help="Time torch.compile too (needed for reward 3)."),
+    config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
+) -> None:
+    """Build, verify and profile one candidate; print its verdict and reward.
+
+    Exit status 0 whenever a verdict was reached (pass or fail), 2 on bad usage or unreadable input.
+    """
+    eval_config = _build_config(device, config, precision, trials, compile_baseline)
+    try:
+        task = load_task(problem)
+        load_solution(solution)
+    except (TaskLoadError, SolutionError) as exc:
+        _fail_usage(str(exc))
+    with console.status(f"evaluating {solution.name} on {task.id} ({eval_config.device})", spinner="dots") \
+            if not json_out else contextlib.nullcontext():
+        verdict = evaluate(task, solution, eval_config)
+    if json_out:
+        print(json.dumps(verdict.to_json_dict(), default=str))
+    else:
+        console.print(_verdict_table(verdict))
+
+
+@tasks_app.command("list")
+def tasks_list(
+    path: Path = typer.Argument(..., help="A problem file, a directory of them (e.g. KernelBench/level1), or a .parquet/.jsonl dataset."),
+    import_check: bool = typer.Option(True, "--import-check/--no-import-check",
+                                      help="Also import each task in a worker process to catch import-time failures."),
+) -> None:
+    """Show which tasks load and which do not, and why."""
+    from cuda_agent.environment.probe import probe_tasks
+
+    try:
+        results = load_tasks(path)
+    except TaskLoadError as exc:
+        _fail_usage(str(exc))
+    import_errors: dict[str, str] = {}
+    if import_check:
+        loaded = [r.task for r in results if r.task is not None]
+        with console.status(f"importing {len(loaded)} tasks in a worker process"):
+            import_errors = probe_tasks(loaded)
+    table = Table(title=f"{path}: {len(results)} entries")
+    table.add_column("id")
+    table.add_column("status")
+    table.add_column("detail", overflow="fold")
+    ok = 0
+    for result in results:
+        error = result.error or (import_errors.get(result.task.origin) if result.task else None)
+        ok += error is None
+        table.add_row(result.task.id if result.task else Path(result.origin).name,
+                      "[green]ok[/green]" if error is None else "[red]failed[/red]", error or "")
+    console.print(table)
+    console.print(f"{ok} of {len(results)} loaded")
+
+
+@dataclass(frozen=True)
+class _SampleRun:
+    task: str
+    layout: str
+    solution: Path
+    task_file: Path
+
+
+def examples_dir() -> Path:
+    """The bundled samples: inside the installed package, or the source checkout's ``examples/``."""
+    packaged = Path(__file__).resolve().parent / "examples"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[2] / "examples"
+
+
+def _sample_runs(root: Path, device: str) -> list[_SampleRun]:
+    runs = []
+    for task_file in sorted((root / "tasks").glob("*.py")):
+        single = root / "solutions" / device / f"{task_file.stem}.py"
+        workdir = root / "solutions" / f"{device}_workdir" / task_file.stem
+        for layout, path in (("single-file", single), ("workdir", workdir)):
+            if path.exists():
+                runs.append(_SampleRun(task_file.stem, layout, path, task_file))
+    return runs
+
+
+@app.command()
+def demo(
+    device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if a GPU is visible, else cpu)."),
+    examples: Optional[Path] = typer.Option(None, help="Samples folder with tasks/ and solutions/<device>[_workdir]/."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON list of verdicts instead of a table."),
+    compile_baseline: Optional[bool] = typer.Option(None, "--compile-baseline/--no-compile-baseline",
+                                                    help="Time torch.compile too (needed for reward 3)."),
+    config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
+) -> None:
+    """Evaluate every bundled sample task with its bundled reference solution, end to end."""
+    eval_config = _build_config(device, config, None, None, compile_baseline)
+    root = examples or examples_dir()
+    runs = _sample_runs(root, eval_config.device)
+    if not runs:
+        _fail_usage(f"{root}: no sample tasks with solutions for device {eval_config.device!r}")
+    verdicts: list[tuple[_SampleRun, Verdict]] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err_console, disable=json_out) as progress:
+        building = progress.add_task("building samples in parallel", total=len(runs))
+        build_many([load_solution(r.solution) for r in runs], eval_config.device, eval_config.build,
+                   eval_config.cache_dir, on_done=lambda _: progress.advance(building))
+        bar = progress.add_task("evaluating samples", total=len(runs))
+        for run in runs:
+            progress.update(bar, description=f"{run.task} ({run.layout})")
+            verdicts.append((run, evaluate(load_task(run.task_file), run.solution, eval_config)))
+            progress.advance(bar)
+    if json_out:
+        print(json.dumps([v.to_json_dict() for _, v in verdicts], default=str))
+        return
+    table = Table(title=f"sample tasks on {eval_config.device} (precision {eval_config.verify.precision})")
+    for column in ("task", "layout", "status", "reward", "candidate ms", "eager ms", "compile ms",
+                   "vs eager", "vs compile", "build s"):
+        table.add_column(column, justify="right" if column not in ("task", "layout", "status") else "left")
+    for run, v in verdicts:
+        table.add_row(run.task, run.layout, v.status.value, str(v.reward), _fmt(v.candidate_ms), _fmt(v.eager_ms),
+                      _fmt(v.compile_ms), _fmt(v.speedup_vs_eager, "x"), _fmt(v.speedup_vs_compile, "x"),
+                      "—" if v.build is None else f"{v.build.seconds:.1f}" + (" (cached)" if v.build.cached else ""))
+    console.print(table)
+    failed = [(run, v) for run, v in verdicts if not v.correct]
+    for run, v in failed:
+        err_console.print(f"[red]{run.task} ({run.layout}) failed:[/red] {v.error}")
+    if failed:
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Compiling candidates: a content-hash build cache in front of a compile child process.
+
+The compiler runs in a separate process group with a wall-clock limit and no GPU visible
+(``CUDA_VISIBLE_DEVICES=""``, explicit ``TORCH_CUDA_ARCH_LIST``), so builds can run on CPU workers
+while GPUs time other candidates. Same sources + same toolchain ⇒ same key ⇒ no recompile.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cuda_agent.environment.config import BuildConfig, Device
+from cuda_agent.environment.solution import Solution
+from cuda_agent.environment.verdict import BuildInfo
+from cuda_agent.environment.worker import child_env
+
+BUILD_OK_FILE = "BUILD_OK.json"
+
+
+class CompileError(RuntimeError):
+    """The candidate did not compile (or its build timed out); ``log_tail`` holds compiler output."""
+
+    def __init__(self, message: str, log_tail: str = "", timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+        self.timed_out = timed_out
+
+
+@dataclass(frozen=True)
+class BuiltSolution:
+    """Where the candidate's compiled artefacts live, for the candidate worker to load them from."""
+
+    solution: Solution
+    build_dir: Path
+    extensions_dir: Path  # TORCH_EXTENSIONS_DIR for single-file builds; holds cuda_extension.so for workdirs
+    info: BuildInfo
+
+
+def toolchain_fingerprint(device: Device, config: BuildConfig) -> str:
+    """Everything besides the sources that changes the compiled binary."""
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "none"
+    parts = [
+        torch_version, sys.version, platform.machine(), device, config.cuda_arch,
+        " ".join(config.extra_cflags), " ".join(config.extra_cuda_cflags),
+        os.environ.get("CXX", ""), os.environ.get("CUDA_HOME", ""),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def build_key(solution: Solution, device: Device, config: BuildConfig) -> str:
+    return hashlib.sha256((solution.content_hash() + toolchain_fingerprint(device, config)).encode()).hexdigest()
+
+
+def build_location(solution: Solution, device: Device, config: BuildConfig, cache_dir: Path) -> tuple[str, Path, Path]:
+    """``(key, build_dir, extensions_dir)`` of a solution's build, known before building it."""
+    key = build_key(solution, device, config)
+    build_dir = cache_dir / "build" / key[:2] / key
+    return key, build_dir, build_dir / "ext"
+
+
+def build_solution(solution: Solution, device: Device, config: BuildConfig, cache_dir: Path) -> BuiltSolution:
+    """Build ``solution`` for ``device`` unless an identical build is cached.
+
+    Raises:
+        CompileError: compilation failed or exceeded ``config.timeout_s``.
+    """
+    key, build_dir, extensions_dir = build_location(solution, device, config, cache_dir)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with open(build_dir / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key at a time; waiters then hit the cache
+        if (build_dir / BUILD_OK_FILE).is_file():
+            info = BuildInfo(cached=True, seconds=time.monotonic() - started, key=key)
+            return BuiltSolution(solution, build_dir, extensions_dir, info)
+        log_tail = _run_compile_child(solution, device, config, build_dir, extensions_dir)
+    info = BuildInfo(cached=False, seconds=time.monotonic() - started, key=key, log_tail=log_tail)
+    return BuiltSolution(solution, build_dir, extensions_dir, info)
+
+
+def _run_compile_child(
+    solution: Solution, device: Device, config: BuildConfig, build_dir: Path, extensions_dir: Path
+) -> str:
+    if extensions_dir.exists():  # leftovers of a failed or killed build
+        shutil.rmtree(extensions_dir)
+    extensions_dir.mkdir()
+    result_path = build_dir / "result.json"
+    result_path.unlink(missing_ok=True)
+    spec = {
+        "layout": solution.layout.value,
+        "root": str(solution.root),
+        "model_file": str(solution.model_file),
+        "kernel_files": [str(p) for p in solution.kernel_files],
+        "binding_names": list(solution.binding_names),
+        "device": device,
+        "extensions_dir": str(extensions_dir),
+        "extra_cflags": list(config.extra_cflags),
+        "extra_cuda_cflags": list(config.extra_cuda_cflags),
+        "result_path": str(result_path),
+    }
+    spec_path = build_dir / "spec.json"
+    spec_path.write_text(json.dumps(spec))
+    env = child_env({
+        "TORCH_EXTENSIONS_DIR": str(extensions_dir),
+        "TORCH_CUDA_ARCH_LIST": config.cuda_arch,
+        "MAX_JOBS": str(config.max_jobs or os.cpu_count() or 1),
+        "CUDA_VISIBLE_DEVICES": "",
+    })
+    log_path = build_dir / "build.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "cuda_agent.environment.build_worker", str(spec_path)],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            env=env, cwd=build_dir, start_new_session=True,
+        )
+        try:
+            proc.wait(timeout=config.timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise CompileError(
+                f"build exceeded its {config.timeout_s:g} s limit and was killed",
+                _tail(log_path.read_text(errors="replace"), config.log_tail_lines),
+                timed_out=True,
+            ) from None
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    log_text = log_path.read_text(errors="replace")
+    result = _read_result(result_path)
+    if result is None:
+        raise CompileError(f"build process exited ({proc.returncode}) without a result", _tail(log_text, config.log_tail_lines))
+    if result.get("compile_error"):
+        raise CompileError("compilation failed", _tail(str(result["compile_error"]), config.log_tail_lines))
+    (build_dir / BUILD_OK_FILE).write_text(json.dumps({"import_error": result.get("import_error")}))
+    return _tail(log_text, config.log_tail_lines)
+
+
+def _read_result(path: Path) -> dict | None:
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return result if isinstance(result, dict) else None
+
+
+def _tail(text: str, lines: int) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def build_many(solutions: list[Solution], device: Device, config: BuildConfig, cache_dir: Path,
+               max_parallel: int | None = None, on_done=None) -> dict[Path, BuildInfo | CompileError]:
+    """Build several solutions concurrently (compilation needs CPU cores, not the GPU).
+
+    Fills the build cache so that later evaluations of these solutions start with a cache hit.
+    ``on_done(solution)`` is called as each build finishes (for progress bars).
+
+    Returns:
+        For each solution root, its ``BuildInfo`` or the ``CompileError`` it raised.
+    """
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    parallel = max_parallel or max(1, (os.cpu_count() or 2) // 2)
+    results: dict[Path, BuildInfo | CompileError] = {}
+    with ThreadPoolExecutor(max_workers=parallel) as pool:
+        futures = {pool.submit(build_solution, s, device, config, cache_dir): s for s in solutions}
+        for future in as_completed(futures):
+            solution = futures[future]
+            try:
+                results[solution.root] = future.result().info
+            except CompileError as exc:
+                results[solution.root] = exc
+            if on_done is not None:
+                on_done(solution)
+    return results

@@ -1,0 +1,139 @@
+"""Untrusted worker: imports and runs the candidate ``ModelNew``, nothing else.
+
+It never sees a secret seed or a reference output: it reads each input set from a file the
+trusted reference worker wrote, runs the candidate on a clone, checks the runtime rules it can see
+from inside (plain tensor outputs, no aliasing of inputs, inputs left unmodified), and writes the
+outputs in the safe tensor format for the reference worker to judge. It also runs the timing loop.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cuda_agent.environment import tensor_io
+from cuda_agent.environment.config import TimingConfig
+from cuda_agent.environment.loading import clone_tree, import_file, seed_all, tensors_in, to_device
+from cuda_agent.environment.timing import make_timer, measure
+from cuda_agent.environment.worker import serve
+
+
+def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return bool(((a == b) | (torch.isnan(a) & torch.isnan(b))).all())
+    return torch.equal(a, b)
+
+
+def _storage_span(t: torch.Tensor) -> tuple[int, int]:
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+class CandidateWorker:
+    def __init__(self) -> None:
+        self.model: torch.nn.Module | None = None
+        self.device = "cpu"
+
+    def load(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.device = msg["device"]
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
+        if msg["layout"] == "workdir":
+            sys.path.insert(0, msg["extensions_dir"])  # where the protected build put cuda_extension
+        task = import_file(Path(msg["task_file"]), "candidate_task")
+        solution = import_file(Path(msg["solution_file"]), "candidate_solution")
+        if not hasattr(solution, "ModelNew"):
+            raise AttributeError("solution module does not define ModelNew after import")
+        seed = msg["init_seed"]
+        seed_all(seed)
+        init_inputs = task.get_init_inputs()
+        seed_all(seed)
+        reference = task.Model(*init_inputs)
+        seed_all(seed)
+        model = solution.ModelNew(*init_inputs)
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"ModelNew(...) returned {type(model).__qualname__}, expected an nn.Module")
+        notes = _transfer_weights(reference, model)
+        self.model = model.to(self.device)
+        return {"notes": notes}
+
+    def run(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Run the candidate on one saved input set; save its outputs; report runtime-rule breaks."""
+        assert self.model is not None
+        pristine = tensor_io.load(Path(msg["inputs_path"]), self.device)
+        inputs = clone_tree(pristine)
+        with torch.no_grad():
+            outputs = self.model(*inputs)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        violations = _runtime_violations(outputs, inputs, pristine, self.device)
+        try:
+            tensor_io.save(outputs, Path(msg["outputs_path"]))
+        except tensor_io.TensorFormatError as exc:
+            violations.append({"code": "output-unsupported-type", "message": f"forward() returned something that is not tensors: {exc}"})
+        return {"violations": violations}
+
+    def time(self, msg: dict[str, Any]) -> dict[str, Any]:
+        assert self.model is not None
+        config = TimingConfig(**msg["timing"])
+        inputs = tensor_io.load(Path(msg["inputs_path"]), self.device)
+        timer = make_timer(self.device, config)
+        with torch.no_grad():
+            stats = measure(lambda: self.model(*inputs), timer, config)
+        return {"stats": stats.__dict__}
+
+
+def _runtime_violations(outputs: Any, inputs: list, pristine: list, device: str) -> list[dict[str, str]]:
+    violations = []
+    input_spans = [_storage_span(t) for t in tensors_in(inputs)]
+    for i, out in enumerate(tensors_in(outputs)):
+        if type(out) is not torch.Tensor:
+            violations.append({"code": "output-not-plain-tensor",
+                               "message": f"output {i} is a {type(out).__qualname__}, not a plain torch.Tensor"})
+            continue
+        if out.device.type != device:
+            violations.append({"code": "output-wrong-device", "message": f"output {i} is on {out.device}, expected {device}"})
+        start, end = _storage_span(out)
+        if out.untyped_storage().nbytes() and any(start < e and s < end for s, e in input_spans):
+            violations.append({"code": "output-aliases-input",
+                               "message": f"output {i} shares memory with an input; outputs must be fresh tensors"})
+    for i, (after, before) in enumerate(zip(tensors_in(inputs), tensors_in(pristine))):
+        if not _same_values(after, before):
+            violations.append({"code": "input-mutated", "message": f"forward() modified input {i} in place"})
+    return violations
+
+
+def _transfer_weights(reference: torch.nn.Module, model: torch.nn.Module) -> list[str]:
+    """Load the reference's state into ModelNew where names and shapes match; explain the rest."""
+    ref_state, new_state = reference.state_dict(), model.state_dict()
+    matched = {k: v for k, v in ref_state.items() if k in new_state and new_state[k].shape == v.shape}
+    if matched:
+        model.load_state_dict(matched, strict=False)
+    notes = []
+    new_values = list(model.state_dict().values())
+    for name, value in ref_state.items():
+        if name in matched:
+            continue
+        if name in new_state:
+            reason = f"has shape {tuple(new_state[name].shape)}, Model's is {tuple(value.shape)}"
+        elif any(v.shape == value.shape and _same_values(v, value) for v in new_values):
+            continue  # same values under another name: constructed identically under the seed
+        else:
+            reason = "has no parameter or buffer of that name with equal values"
+        notes.append(f"weights: Model.{name} {tuple(value.shape)} was not transferred: ModelNew {reason}; "
+                     "its weights differ from the reference's, so outputs will differ")
+    return notes
+
+
+def main() -> None:
+    worker = CandidateWorker()
+    serve({"load": worker.load, "run": worker.run, "time": worker.time})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+"""Importing problem and solution files as fresh modules (inside worker processes only)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+
+def import_file(path: Path, module_name: str) -> ModuleType:
+    """Execute ``path`` as a new module registered as ``module_name`` and return it.
+
+    The file's directory is put on ``sys.path`` first, so a workdir's ``model_new.py`` can import
+    its siblings, as it would when run there.
+    """
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    directory = str(path.parent)
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec.loader.exec_module(module)
+    return module
+
+
+def seed_all(seed: int) -> None:
+    """Seed torch's CPU and CUDA generators (KernelBench's ``set_seed``)."""
+    import torch
+
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+
+
+def to_device(tree, device):
+    """Move every tensor in a (nested) list/tuple/dict to ``device``."""
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device)
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(to_device(v, device) for v in tree)
+    if isinstance(tree, dict):
+        return {k: to_device(v, device) for k, v in tree.items()}
+    return tree
+
+
+def clone_tree(tree):
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return tree.clone()
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(clone_tree(v) for v in tree)
+    if isinstance(tree, dict):
+        return {k: clone_tree(v) for k, v in tree.items()}
+    return tree
+
+
+def tensors_in(tree) -> list:
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        return [tree]
+    if isinstance(tree, (list, tuple)):
+        return [t for v in tree for t in tensors_in(v)]
+    if isinstance(tree, dict):
+        return [t for v in tree.values() for t in tensors_in(v)]
+    return []

@@ -1,0 +1,206 @@
+"""Trusted worker: runs only the task's reference code, never candidate code.
+
+It builds the reference ``Model``, generates every input set from the secret seeds the parent
+sends, computes the reference outputs (fp32 with TF32 off, float64, and TF32-on when the policy
+needs it), compares candidate outputs read from the safe tensor format, and times the eager and
+``torch.compile`` baselines. Running it in its own process means candidate code can neither see
+the expected outputs in memory nor change TF32 or other global state before the baselines run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cuda_agent.environment import tensor_io
+from cuda_agent.environment.config import TimingConfig
+from cuda_agent.environment.loading import clone_tree, import_file, seed_all, tensors_in, to_device
+from cuda_agent.environment.precision import POLICIES, References
+from cuda_agent.environment.task import REQUIRED_NAMES
+from cuda_agent.environment.timing import make_timer, measure
+from cuda_agent.environment.worker import serve
+
+
+@contextlib.contextmanager
+def tf32(enabled: bool):
+    """Set TF32 for both cuBLAS matmuls and cuDNN convolutions, restoring both afterwards."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _to_double(tree):
+    if isinstance(tree, torch.Tensor):
+        return tree.double() if tree.is_floating_point() else tree
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_double(v) for v in tree)
+    return tree
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class ReferenceWorker:
+    def __init__(self) -> None:
+        self.module = None
+        self.model: torch.nn.Module | None = None
+        self.model64: torch.nn.Module | None = None
+        self.fp64_error: str | None = None
+        self.device = "cpu"
+        self.refs: dict[int, References] = {}
+        self.policy = POLICIES.get("faithful")
+
+    # -- ops ---------------------------------------------------------------------------------
+    def load(self, msg: dict[str, Any]) -> dict[str, Any]:
+        self.device = msg["device"]
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
+        self.policy = POLICIES.get(msg["precision"])
+        self.module = import_file(Path(msg["task_file"]), "reference_task")
+        missing = [n for n in REQUIRED_NAMES if not hasattr(self.module, n)]
+        if missing:
+            raise AttributeError(f"task module does not define {', '.join(missing)} after import")
+        seed_all(msg["init_seed"])
+        init_inputs = self.module.get_init_inputs()
+        seed_all(msg["init_seed"])
+        self.model = self.module.Model(*init_inputs).to(self.device)
+        if self.policy.needs_float64:
+            try:
+                self.model64 = copy.deepcopy(self.model).double()
+            except Exception as exc:  # noqa: BLE001 - reported as a precision fallback
+                self.fp64_error = f"{type(exc).__name__}: {exc}"
+        return {"environment": self._environment()}
+
+    def make_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Generate one input set from a secret seed, compute the references, save the inputs."""
+        assert self.model is not None
+        index, kind = msg["index"], msg["kind"]
+        seed_all(msg["seed"])
+        inputs = list(self.module.get_inputs())
+        if kind == "scaled":
+            inputs = [t * msg["scale"] if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+        elif kind == "sign_symmetric":
+            floats = [t for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+            if not floats or any(bool((t < 0).any()) for t in floats):
+                return {"skipped": "inputs already take both signs"}
+            inputs = [t * (torch.randint(0, 2, t.shape, dtype=t.dtype) * 2 - 1)
+                      if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
+        refs = self._references(inputs)
+        if kind != "standard" and not all(bool(torch.isfinite(t).all()) for t in tensors_in(refs.fp32) if t.is_floating_point()):
+            return {"skipped": "the reference is not finite on this perturbed distribution"}
+        self.refs[index] = refs
+        tensor_io.save(inputs, Path(msg["path"]))
+        return {"fp64_error": self.fp64_error}
+
+    def _references(self, inputs: list) -> References:
+        device_inputs = to_device(inputs, self.device)
+        with torch.no_grad():
+            with tf32(False):
+                fp32 = to_device(self.model(*clone_tree(device_inputs)), "cpu")
+            fp64 = None
+            if self.model64 is not None and self.fp64_error is None:
+                try:
+                    fp64 = to_device(self.model64(*_to_double(clone_tree(device_inputs))), "cpu")
+                except Exception as exc:  # noqa: BLE001 - an op without a float64 kernel
+                    self.fp64_error = f"{type(exc).__name__}: {exc}"
+            ref_tf32 = None
+            if self.policy.needs_tf32_reference and self.device == "cuda":
+                with tf32(True):
+                    ref_tf32 = to_device(self.model(*clone_tree(device_inputs)), "cpu")
+        _sync(self.device)
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+        return References(fp32, fp64, ref_tf32)
+
+    def check(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Compare the candidate's saved outputs for trial ``index`` with the references."""
+        refs = self.refs[msg["index"]]
+        try:
+            outputs = tensor_io.load(Path(msg["path"]))
+        except (tensor_io.TensorFormatError, OSError) as exc:
+            return {"passed": False, "message": f"candidate outputs unreadable: {exc}"}
+        result = self.policy.compare(outputs, refs)
+        return {"passed": result.passed, "message": result.message, "max_abs_err": result.max_abs_err,
+                "error_ratio": result.error_ratio, "fallback": result.fallback}
+
+    def baselines(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Time the requested baseline variants on inputs from the (public) init seed."""
+        config = TimingConfig(**msg["timing"])
+        seed_all(msg["seed"])
+        inputs = to_device(list(self.module.get_inputs()), self.device)
+        timer = make_timer(self.device, config)
+        compiled = None
+        stats = {}
+        for variant in msg["variants"]:
+            kind, setting = variant.rsplit("_tf32_", 1)
+            if kind == "eager":
+                model = self.model
+            else:
+                if compiled is None:
+                    compiled = torch.compile(self.model, mode=None if config.compile_mode == "default" else config.compile_mode)
+                model = compiled
+            with torch.no_grad(), tf32(setting == "on"):
+                stats[variant] = measure(lambda: model(*inputs), timer, config).__dict__
+        return {"stats": stats}
+
+    def probe(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Import a task file and check its KernelBench names (for ``cuda-agent tasks list``)."""
+        module = import_file(Path(msg["task_file"]), f"probe_{msg.get('index', 0)}")
+        missing = [n for n in REQUIRED_NAMES if not hasattr(module, n)]
+        if missing:
+            raise AttributeError(f"does not define {', '.join(missing)} after import")
+        return {}
+
+    def _environment(self) -> dict[str, str]:
+        env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": self.device}
+        if self.device == "cuda":
+            env["gpu"] = torch.cuda.get_device_name()
+            env["cuda"] = str(torch.version.cuda)
+            env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+            try:
+                import subprocess
+
+                env["driver"] = subprocess.run(
+                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                    capture_output=True, text=True, timeout=10,
+                ).stdout.strip().splitlines()[0]
+            except (OSError, IndexError, subprocess.SubprocessError):
+                env["driver"] = "unknown"
+        else:
+            env["cpu"] = _cpu_model()
+            env["threads"] = str(torch.get_num_threads())
+        return env
+
+
+def _cpu_model() -> str:
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> None:
+    worker = ReferenceWorker()
+    serve({"load": worker.load, "make_inputs": worker.make_inputs, "check": worker.check,
+           "baselines": worker.baselines, "probe": worker.probe})
+
+
+if __name__ == "__main__":
+    main()

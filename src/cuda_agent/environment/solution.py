@@ -1,0 +1,103 @@
+"""Candidate solutions in the two accepted layouts (DESIGN §2).
+
+1. Single file defining ``class ModelNew`` (KernelBench style), usually compiling its kernels with
+   ``torch.utils.cpp_extension.load_inline`` when imported.
+2. The CUDA Agent workdir: ``model_new.py`` importing ``cuda_extension``, which the protected build
+   script compiles from ``kernels/*.cu`` / ``kernels/*.cpp``; every ``kernels/<name>_binding.cpp``
+   defines ``void register_<name>(pybind11::module_& m)``.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+WORKDIR_MODEL_FILE = "model_new.py"
+KERNELS_DIR = "kernels"
+EXTENSION_NAME = "cuda_extension"
+KERNEL_SUFFIXES = (".cu", ".cpp", ".cc", ".cuh", ".h", ".hpp")
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class SolutionError(ValueError):
+    """The solution path does not hold a valid solution in either layout."""
+
+
+class Layout(str, enum.Enum):
+    SINGLE_FILE = "single_file"
+    WORKDIR = "workdir"
+
+
+@dataclass(frozen=True)
+class Solution:
+    """A candidate on disk. ``kernel_files`` is empty for the single-file layout."""
+
+    layout: Layout
+    root: Path  # the file itself, or the workdir
+    model_file: Path  # the file that defines ModelNew
+    kernel_files: tuple[Path, ...] = ()
+
+    @property
+    def binding_names(self) -> tuple[str, ...]:
+        """``relu`` for ``kernels/relu_binding.cpp``: each must define ``register_relu``."""
+        return tuple(p.name[: -len("_binding.cpp")] for p in self.kernel_files if p.name.endswith("_binding.cpp"))
+
+    def content_hash(self) -> str:
+        """Hash of everything the build compiles (the model file too for the single-file layout)."""
+        digest = hashlib.sha256(self.layout.value.encode())
+        files = (self.model_file,) if self.layout is Layout.SINGLE_FILE else self.kernel_files
+        for path in files:
+            digest.update(str(path.relative_to(self.root.parent if path == self.root else self.root)).encode())
+            digest.update(b"\0")
+            digest.update(path.read_bytes())
+            digest.update(b"\0")
+        return digest.hexdigest()
+
+
+def _defines_model_new(path: Path) -> None:
+    try:
+        tree = ast.parse(path.read_text(), filename=str(path))
+    except SyntaxError as exc:
+        raise SolutionError(f"{path}: syntax error at line {exc.lineno}: {exc.msg}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SolutionError(f"{path}: cannot read solution ({exc})") from None
+    if not any(isinstance(n, ast.ClassDef) and n.name == "ModelNew" for n in tree.body):
+        raise SolutionError(f"{path}: no top-level 'class ModelNew'; a solution must define ModelNew(nn.Module)")
+
+
+def load_solution(path: str | Path) -> Solution:
+    """Detect the layout of ``path`` and validate it.
+
+    Raises:
+        SolutionError: naming the path and what is missing or malformed.
+    """
+    path = Path(path).resolve()
+    if path.is_file():
+        if path.suffix != ".py":
+            raise SolutionError(f"{path}: a single-file solution must be a .py file defining ModelNew")
+        _defines_model_new(path)
+        return Solution(Layout.SINGLE_FILE, path, path)
+    if not path.is_dir():
+        raise SolutionError(f"{path}: no such file or directory")
+    model_file = path / WORKDIR_MODEL_FILE
+    if not model_file.is_file():
+        raise SolutionError(f"{path}: a workdir solution needs {WORKDIR_MODEL_FILE} (and {KERNELS_DIR}/)")
+    _defines_model_new(model_file)
+    kernels_dir = path / KERNELS_DIR
+    kernel_files = tuple(sorted(p for p in kernels_dir.rglob("*") if p.suffix in KERNEL_SUFFIXES and p.is_file())) \
+        if kernels_dir.is_dir() else ()
+    solution = Solution(Layout.WORKDIR, path, model_file, kernel_files)
+    if not solution.binding_names:
+        # No extension to build: model_new.py must then be self-contained (e.g. load_inline).
+        return Solution(Layout.SINGLE_FILE, path, model_file)
+    for name in solution.binding_names:
+        if not _IDENTIFIER.match(name):
+            raise SolutionError(
+                f"{kernels_dir / (name + '_binding.cpp')}: binding name {name!r} is not a C identifier; "
+                "rename the file to <identifier>_binding.cpp"
+            )
+    return solution

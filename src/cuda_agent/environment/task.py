@@ -1,0 +1,166 @@
+"""Tasks in KernelBench format: loading files, directories and dataset tables.
+
+A task is Python source defining ``class Model(nn.Module)``, ``get_inputs()`` and
+``get_init_inputs()``. Loading here is static (AST only): the trusted parent never executes task or
+candidate code; import-time failures are found by a worker process (see ``probe_tasks``).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
+DATASET_SUFFIXES = (".parquet", ".jsonl")
+
+
+class TaskLoadError(ValueError):
+    """A task file or dataset row is not a valid KernelBench-format problem."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One problem: its source and where it came from."""
+
+    id: str
+    code: str
+    origin: str  # file path, or "<dataset path>#<row>"
+
+    @property
+    def code_hash(self) -> str:
+        return hashlib.sha256(self.code.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class TaskLoadResult:
+    """Outcome of loading one entry: a task, or the reason it could not be loaded."""
+
+    origin: str
+    task: Task | None
+    error: str | None
+
+
+def check_source(code: str, origin: str) -> None:
+    """Statically check that ``code`` parses and defines the KernelBench names at top level.
+
+    Raises:
+        TaskLoadError: naming ``origin``, the syntax error or the missing names.
+    """
+    try:
+        tree = ast.parse(code, filename=origin)
+    except SyntaxError as exc:
+        raise TaskLoadError(f"{origin}: syntax error at line {exc.lineno}: {exc.msg}") from None
+    defined = set()
+    for node in tree.body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+    missing = [name for name in REQUIRED_NAMES if name not in defined]
+    if missing:
+        raise TaskLoadError(
+            f"{origin}: missing top-level {', '.join(missing)}; a KernelBench problem defines "
+            "class Model(nn.Module), get_inputs() and get_init_inputs()"
+        )
+
+
+def load_task(path: str | Path) -> Task:
+    """Load one problem file.
+
+    Raises:
+        TaskLoadError: unreadable file, syntax error or missing required names.
+    """
+    path = Path(path)
+    try:
+        code = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskLoadError(f"{path}: cannot read problem file ({exc})") from None
+    check_source(code, str(path))
+    return Task(id=path.stem, code=code, origin=str(path))
+
+
+def _natural_key(path: Path) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", path.name))
+
+
+def load_tasks(path: str | Path) -> list[TaskLoadResult]:
+    """Load every task under ``path``: a problem file, a directory of them, or a dataset file.
+
+    Directories are scanned non-recursively for ``*.py`` in natural order (KernelBench's
+    ``1_...py, 2_...py, 10_...py``). Entries that fail carry their error instead of a task.
+
+    Raises:
+        TaskLoadError: if ``path`` does not exist or has an unsupported suffix.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise TaskLoadError(f"{path}: no such file or directory")
+    if path.is_dir():
+        files = sorted((p for p in path.glob("*.py") if not p.name.startswith("_")), key=_natural_key)
+        return [_result(str(f), lambda f=f: load_task(f)) for f in files]
+    if path.suffix in DATASET_SUFFIXES:
+        return _load_dataset(path)
+    if path.suffix == ".py":
+        return [_result(str(path), lambda: load_task(path))]
+    raise TaskLoadError(f"{path}: expected a .py problem, a directory, or a dataset ({', '.join(DATASET_SUFFIXES)})")
+
+
+def _result(origin: str, load) -> TaskLoadResult:
+    try:
+        return TaskLoadResult(origin, load(), None)
+    except TaskLoadError as exc:
+        return TaskLoadResult(origin, None, str(exc))
+
+
+def _load_dataset(path: Path) -> list[TaskLoadResult]:
+    rows = _read_parquet(path) if path.suffix == ".parquet" else _read_jsonl(path)
+    if rows and "code" not in rows[0]:
+        raise TaskLoadError(f"{path}: dataset has no 'code' column (columns: {sorted(rows[0])})")
+    results = []
+    for index, row in enumerate(rows):
+        origin = f"{path}#{index}"
+        task_id = str(row.get("id") or row.get("data_source") or f"row{index}")
+        code = row.get("code")
+
+        def load(code=code, origin=origin, task_id=task_id) -> Task:
+            if not isinstance(code, str):
+                raise TaskLoadError(f"{origin}: 'code' must be a string, got {type(code).__name__}")
+            check_source(code, origin)
+            return Task(id=task_id, code=code, origin=origin)
+
+        results.append(_result(origin, load))
+    return results
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise TaskLoadError(f"{path}:{number}: invalid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise TaskLoadError(f"{path}:{number}: each line must be a JSON object")
+        rows.append(row)
+    return rows
+
+
+def _read_parquet(path: Path) -> list[dict]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise TaskLoadError(
+            f"{path}: reading Parquet needs pyarrow; install it with: pip install 'cuda-agent[parquet]'"
+        ) from None
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises several unrelated types for corrupt files
+        raise TaskLoadError(f"{path}: cannot read Parquet file ({exc})") from None

@@ -1,0 +1,105 @@
+"""Typed evaluation results: what one evaluation of a candidate concluded, and why."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """Where an evaluation ended. Only ``CORRECT`` earns a positive reward."""
+
+    CORRECT = "correct"
+    INCORRECT = "incorrect"  # ran, but outputs did not match the reference
+    COMPILE_ERROR = "compile_error"
+    GUARD_VIOLATION = "guard_violation"  # static or runtime guard tripped
+    RUNTIME_ERROR = "runtime_error"  # candidate raised, or its process died (segfault, abort)
+    TIMEOUT = "timeout"  # candidate exceeded a time limit
+    OUT_OF_MEMORY = "out_of_memory"
+    TASK_ERROR = "task_error"  # the reference itself failed: not the candidate's fault
+    SOLUTION_ERROR = "solution_error"  # unreadable solution layout, missing ModelNew
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A broken rule. ``code`` is stable (documented in docs/), ``message`` is one line for humans."""
+
+    code: str
+    message: str
+
+
+@dataclass(frozen=True)
+class TimingStats:
+    """Repeated timing of one callable. All times in milliseconds; never rounded."""
+
+    median_ms: float
+    mean_ms: float
+    std_ms: float
+    n: int
+    rel_std_err: float  # std / sqrt(n) / mean
+    budget_exhausted: bool  # stopped on the time budget before reaching the target precision
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TimingStats":
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One correctness trial: one fresh secret input set, one comparison."""
+
+    index: int
+    kind: str  # "standard" | "scaled" | "sign_symmetric" | "post_timing"
+    passed: bool
+    message: str  # why it failed, or a summary of the error metrics
+    max_abs_err: float | None = None
+    error_ratio: float | None = None  # candidate error / eager fp32 error (faithful policies)
+
+
+@dataclass(frozen=True)
+class BuildInfo:
+    """How the candidate's extension was built."""
+
+    cached: bool
+    seconds: float
+    key: str
+    log_tail: str = ""
+
+
+@dataclass
+class Verdict:
+    """The trusted evaluator's conclusion about one candidate on one task.
+
+    The first fields are the stable JSON contract of ``cuda-agent verify --json`` (DESIGN §3).
+    """
+
+    compiled: bool
+    correct: bool
+    reward: int
+    eager_ms: float | None
+    compile_ms: float | None
+    candidate_ms: float | None
+    speedup_vs_eager: float | None
+    speedup_vs_compile: float | None
+    violations: list[Violation]
+    error: str | None
+    precision_policy: str
+    status: Status
+    device: str
+    task: str
+    # Speed-ups against each baseline variant ("eager_tf32_off", "compile_tf32_on", ...).
+    speedups: dict[str, float] = field(default_factory=dict)
+    baselines: dict[str, TimingStats] = field(default_factory=dict)
+    candidate_timing: TimingStats | None = None
+    reward_baseline: str = "tf32_off"  # which TF32 setting the reward's speed-ups were taken against
+    trials: list[TrialResult] = field(default_factory=list)
+    build: BuildInfo | None = None
+    notes: list[str] = field(default_factory=list)  # non-fatal findings (weights, fallbacks)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["status"] = self.status.value
+        return data

@@ -1,0 +1,283 @@
+"""Child processes of an evaluation and the private channel the parent talks to them over.
+
+Each worker is a fresh interpreter (spawned, never forked from the parent) in its own process
+group, so the parent can always kill it and everything it started. Requests and replies are JSON
+lines over a dedicated pipe pair; the worker's stdout/stderr go to a log file and are never parsed
+for results. A worker that crashes, hangs or grows past its memory limit turns into a typed
+exception in the parent, which the evaluator maps to a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import cuda_agent
+
+_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+_ENV_KEEP = (
+    "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME",
+    "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
+    "CC", "CXX", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "TRITON_CACHE_DIR",
+)
+
+
+class WorkerError(RuntimeError):
+    """Base class: the worker process did not answer a request normally."""
+
+    def __init__(self, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.log_tail = log_tail
+
+
+class WorkerDied(WorkerError):
+    """The worker exited or was killed by a signal (segfault, abort, ...) before replying."""
+
+
+class WorkerTimeout(WorkerError):
+    """The worker did not reply within the request's time limit and was killed."""
+
+
+class WorkerMemoryExceeded(WorkerError):
+    """The worker's resident memory exceeded its limit and it was killed."""
+
+
+class WorkerProtocolError(WorkerError):
+    """The worker replied with something that is not a valid message."""
+
+
+class RemoteError(RuntimeError):
+    """The worker handled the request but the operation raised; carries the remote details."""
+
+    def __init__(self, reply: dict[str, Any]) -> None:
+        self.error_type = str(reply.get("error_type", "Exception"))
+        self.detail = str(reply.get("error", ""))
+        self.traceback = str(reply.get("traceback", ""))
+        self.reply = reply
+        super().__init__(f"{self.error_type}: {self.detail}")
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A cleaned environment for a worker: a short allow-list plus what makes cuda_agent importable."""
+    env = {k: v for k, v in os.environ.items() if k in _ENV_KEEP}
+    package_root = str(Path(cuda_agent.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = package_root
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def signal_name(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exited with status {returncode}"
+
+
+class WorkerProcess:
+    """Parent-side handle on one worker: launch, request/reply with limits, kill."""
+
+    def __init__(
+        self,
+        module: str,
+        *,
+        env: dict[str, str],
+        cwd: Path,
+        log_path: Path,
+        mem_mb: int | None = None,
+        limit_address_space: bool = False,
+    ) -> None:
+        self.module = module
+        self.log_path = log_path
+        self.mem_mb = mem_mb
+        to_child_r, self._to_child_w = os.pipe()
+        self._from_child_r, from_child_w = os.pipe()
+        self._buffer = b""
+        address_space = mem_mb * 1024 * 1024 if (mem_mb and limit_address_space) else None
+
+        def limit_resources() -> None:  # runs in the child between fork and exec
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+            if address_space is not None:
+                resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
+
+        with open(log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", module, "--fd-in", str(to_child_r), "--fd-out", str(from_child_w)],
+                pass_fds=(to_child_r, from_child_w),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+                preexec_fn=limit_resources,
+            )
+        os.close(to_child_r)
+        os.close(from_child_w)
+
+    def request(self, message: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+        """Send one request and wait for its reply.
+
+        Raises:
+            WorkerTimeout, WorkerDied, WorkerMemoryExceeded, WorkerProtocolError: the worker failed
+                (it is dead afterwards).
+            RemoteError: the worker ran the operation and it raised (the worker lives on).
+        """
+        try:
+            _write_all(self._to_child_w, (json.dumps(message) + "\n").encode())
+        except BrokenPipeError:
+            self._fail(WorkerDied, "worker exited before the request could be sent")
+        reply = self._read_reply(time.monotonic() + timeout_s, message.get("op", "?"), timeout_s)
+        if not reply.get("ok", False):
+            raise RemoteError(reply)
+        return reply
+
+    def _read_reply(self, deadline: float, op: str, timeout_s: float) -> dict[str, Any]:
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._fail(WorkerTimeout, f"no reply to {op!r} within {timeout_s:g} s")
+            ready, _, _ = select.select([self._from_child_r], [], [], min(remaining, 0.25))
+            self._check_memory()
+            if not ready:
+                continue
+            chunk = os.read(self._from_child_r, 1 << 20)
+            if not chunk:
+                self.proc.wait()
+                self._fail(WorkerDied, f"worker {signal_name(self.proc.returncode)} during {op!r}")
+            self._buffer += chunk
+            if len(self._buffer) > _MAX_MESSAGE_BYTES:
+                self._fail(WorkerProtocolError, f"reply to {op!r} exceeds {_MAX_MESSAGE_BYTES} bytes")
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        try:
+            reply = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            self._fail(WorkerProtocolError, f"reply to {op!r} is not valid JSON")
+        if not isinstance(reply, dict):
+            self._fail(WorkerProtocolError, f"reply to {op!r} is not a JSON object")
+        return reply
+
+    def _check_memory(self) -> None:
+        if self.mem_mb is None:
+            return
+        rss_mb = _rss_mb(self.proc.pid)
+        if rss_mb is not None and rss_mb > self.mem_mb:
+            self._fail(WorkerMemoryExceeded, f"worker used {rss_mb:.0f} MB, over its {self.mem_mb} MB limit")
+
+    def _fail(self, exc_type: type[WorkerError], message: str) -> None:
+        self.kill()
+        raise exc_type(message, self.log_tail())
+
+    def log_tail(self, max_chars: int = 4000) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                size = f.tell()
+                f.seek(max(0, size - max_chars))
+                return f.read().decode(errors="replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """Kill the worker's whole process group and reap it (idempotent)."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        else:  # the leader is gone; children it started may still be alive in its group
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait()
+        for fd in (self._to_child_w, self._from_child_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._to_child_w = self._from_child_r = -1
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask the worker to exit, then make sure it and its process group are gone."""
+        if self.proc.poll() is None and self._to_child_w >= 0:
+            try:
+                os.write(self._to_child_w, b'{"op": "exit"}\n')
+                self.proc.wait(timeout=timeout_s)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self.kill()
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+Handler = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def serve(handlers: dict[str, Handler], argv: list[str] | None = None) -> None:
+    """Worker-side main loop: read requests, dispatch on ``op``, reply. ``exit`` ends the loop."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    fd_in = int(args[args.index("--fd-in") + 1])
+    fd_out = int(args[args.index("--fd-out") + 1])
+    with os.fdopen(fd_in, "rb", buffering=0) as requests:
+        buffer = b""
+        while True:
+            while b"\n" not in buffer:
+                chunk = requests.read(1 << 16)
+                if not chunk:
+                    return
+                buffer += chunk
+            line, buffer = buffer.split(b"\n", 1)
+            message = json.loads(line)
+            op = message.get("op")
+            if op == "exit":
+                return
+            try:
+                handler = handlers[op]
+                reply = {"ok": True, **handler(message)}
+            except BaseException as exc:  # noqa: BLE001 - every failure must become a reply
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                reply = {
+                    "ok": False,
+                    "error_type": type(exc).__name__,
+                    "error": str(exc)[:4000],
+                    "traceback": traceback.format_exc()[-8000:],
+                }
+            _write_all(fd_out, (json.dumps(reply, default=_json_default) + "\n").encode())
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__qualname__}")
