@@ -54,6 +54,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10, help="cached runs (CV is taken over these)")
     parser.add_argument("--uncached-runs", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="JSON output path")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="build/baseline cache to use (default: a fresh temporary one)")
     args = parser.parse_args()
 
     device = args.device or default_device()
@@ -62,7 +64,7 @@ def main() -> None:
     solution = (root / "solutions" / device / f"{args.task}.py" if args.layout == "single"
                 else root / "solutions" / f"{device}_workdir" / args.task)
     workspace = Path(tempfile.mkdtemp(prefix="cuda-agent-bench-"))
-    config = EvalConfig(device=device, cache_dir=workspace / "cache", timing=TimingConfig())
+    config = EvalConfig(device=device, cache_dir=args.cache_dir or workspace / "cache", timing=TimingConfig())
     try:
         _timed(task, solution, config)  # warm the baseline cache, so every measured run sees the same work
         uncached = [_timed(task, _variant(solution, i, workspace), config)[0] for i in range(args.uncached_runs)]

@@ -15,6 +15,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cuda_agent.environment.build import build_many
+from cuda_agent.environment.guards import GuardConfigError
 from cuda_agent.environment import (
     POLICIES, ConfigError, EvalConfig, SolutionError, TaskLoadError, Verdict, evaluate, load_solution,
     load_task, load_tasks,
@@ -67,7 +68,7 @@ def _build_config(device: Optional[str], config_file: Optional[Path], precision:
         data["timing"] = {**(data.get("timing") or {}), "compile_baseline": compile_baseline}
     try:
         return EvalConfig.from_dict(data)
-    except (ConfigError, TypeError) as exc:
+    except (ConfigError, GuardConfigError, TypeError) as exc:
         _fail_usage(f"invalid configuration: {exc}")
         raise  # unreachable; keeps type checkers calm
 
@@ -128,7 +129,7 @@ def verify(
             if not json_out else contextlib.nullcontext():
         verdict = evaluate(task, solution, eval_config)
     if json_out:
-        print(json.dumps(verdict.to_json_dict(), default=str))
+        print(json.dumps(verdict.to_json_dict(), default=str, allow_nan=False))
     else:
         console.print(_verdict_table(verdict))
 
@@ -217,7 +218,7 @@ def demo(
             verdicts.append((run, evaluate(load_task(run.task_file), run.solution, eval_config)))
             progress.advance(bar)
     if json_out:
-        print(json.dumps([v.to_json_dict() for _, v in verdicts], default=str))
+        print(json.dumps([v.to_json_dict() for _, v in verdicts], default=str, allow_nan=False))
         return
     table = Table(title=f"sample tasks on {eval_config.device} (precision {eval_config.verify.precision})")
     for column in ("task", "layout", "status", "reward", "candidate ms", "eager ms", "compile ms",

@@ -24,7 +24,7 @@ from pathlib import Path
 from cuda_agent.environment.config import BuildConfig, Device
 from cuda_agent.environment.solution import Solution
 from cuda_agent.environment.verdict import BuildInfo
-from cuda_agent.environment.worker import child_env
+from cuda_agent.environment.worker import child_env, signal_name
 
 BUILD_OK_FILE = "BUILD_OK.json"
 
@@ -143,10 +143,14 @@ def _run_compile_child(
                 proc.wait()
     log_text = log_path.read_text(errors="replace")
     result = _read_result(result_path)
-    if result is None:
-        raise CompileError(f"build process exited ({proc.returncode}) without a result", _tail(log_text, config.log_tail_lines))
-    if result.get("compile_error"):
+    if result is not None and result.get("compile_error"):
         raise CompileError("compilation failed", _tail(str(result["compile_error"]), config.log_tail_lines))
+    if proc.returncode < 0:
+        # Killed by a signal with no failed compile recorded: module-level candidate code crashed
+        # while being imported. Not a compile error; the candidate worker's import will report it.
+        result = {"import_error": f"build process {signal_name(proc.returncode)} while importing the solution"}
+    elif result is None:
+        raise CompileError(f"build process exited ({proc.returncode}) without a result", _tail(log_text, config.log_tail_lines))
     (build_dir / BUILD_OK_FILE).write_text(json.dumps({"import_error": result.get("import_error")}))
     return _tail(log_text, config.log_tail_lines)
 

@@ -31,18 +31,24 @@ class _CompileFailed(Exception):
     pass
 
 
-def _record_compiles(result: dict[str, Any]) -> None:
-    """Wrap torch's JIT builders so a failed compile is told apart from a failed import."""
+def _record_compiles(result: dict[str, Any], result_path: Path) -> None:
+    """Wrap torch's JIT builders so a failed compile is told apart from a failed import.
+
+    The result file is rewritten after every compile, so if the import then crashes the process
+    (a segfault in module-level code), the parent still knows compilation itself succeeded.
+    """
     import torch.utils.cpp_extension as cpp_extension
 
     def wrap(builder):
         def recorded(*args, **kwargs):
             result["compile_calls"] += 1
             try:
-                return builder(*args, **kwargs)
+                module = builder(*args, **kwargs)
             except Exception as exc:
                 result["compile_error"] = str(exc)
                 raise _CompileFailed from exc
+            result_path.write_text(json.dumps(result))
+            return module
 
         return recorded
 
@@ -51,7 +57,7 @@ def _record_compiles(result: dict[str, Any]) -> None:
 
 
 def build_single_file(spec: dict[str, Any], result: dict[str, Any]) -> None:
-    _record_compiles(result)
+    _record_compiles(result, Path(spec["result_path"]))
     try:
         import_file(Path(spec["model_file"]), "candidate_build")
     except _CompileFailed:

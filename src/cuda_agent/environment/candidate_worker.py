@@ -16,8 +16,9 @@ import torch
 
 from cuda_agent.environment import tensor_io
 from cuda_agent.environment.config import TimingConfig
-from cuda_agent.environment.loading import clone_tree, import_file, seed_all, tensors_in, to_device
-from cuda_agent.environment.timing import make_timer, measure
+from cuda_agent.environment.loading import clone_tree, import_file, seed_all, storage_span, tensors_in
+from cuda_agent.environment.integrity import HarnessSnapshot
+from cuda_agent.environment.timing import FreshInputs, make_timer, measure
 from cuda_agent.environment.worker import serve
 
 
@@ -29,15 +30,21 @@ def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a, b)
 
 
-def _storage_span(t: torch.Tensor) -> tuple[int, int]:
-    storage = t.untyped_storage()
-    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
-
-
 class CandidateWorker:
     def __init__(self) -> None:
         self.model: torch.nn.Module | None = None
         self.device = "cpu"
+        # Bound before any candidate code is imported: rebinding module attributes later cannot
+        # switch the checks off, and swapping code objects is detected by the snapshot.
+        self._check = runtime_violations
+        self._snapshot = HarnessSnapshot()
+
+    def _tampering(self) -> list[dict[str, str]]:
+        changed = self._snapshot.changed()
+        if not changed:
+            return []
+        return [{"code": "harness-tampered",
+                 "message": f"candidate code replaced harness functions: {', '.join(changed)}"}]
 
     def load(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.device = msg["device"]
@@ -71,7 +78,7 @@ class CandidateWorker:
             outputs = self.model(*inputs)
         if self.device == "cuda":
             torch.cuda.synchronize()
-        violations = _runtime_violations(outputs, inputs, pristine, self.device)
+        violations = self._check(outputs, inputs, pristine, self.device) + self._tampering()
         try:
             tensor_io.save(outputs, Path(msg["outputs_path"]))
         except tensor_io.TensorFormatError as exc:
@@ -79,18 +86,36 @@ class CandidateWorker:
         return {"violations": violations}
 
     def time(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Time ``forward`` on fresh, slightly perturbed clones of one input set per call.
+
+        Fresh values defeat caching on input identity or content; holding the previous output alive
+        and comparing storages catches a forward that hands back the same tensor every time.
+        """
         assert self.model is not None
         config = TimingConfig(**msg["timing"])
         inputs = tensor_io.load(Path(msg["inputs_path"]), self.device)
         timer = make_timer(self.device, config)
+        calls = FreshInputs(inputs)
         with torch.no_grad():
-            stats = measure(lambda: self.model(*inputs), timer, config)
-        return {"stats": stats.__dict__}
+            stats = measure(self._call_recording_output(calls), timer, config, prepare=calls.next)
+        violations = self._tampering()
+        if calls.reused_output:
+            violations.append({"code": "output-reused",
+                               "message": "forward() returned storage it had already returned for an earlier call"})
+        return {"stats": stats.__dict__, "violations": violations}
+
+    def _call_recording_output(self, calls: FreshInputs):
+        model = self.model
+
+        def call(*args):
+            calls.last_output = model(*args)
+
+        return call
 
 
-def _runtime_violations(outputs: Any, inputs: list, pristine: list, device: str) -> list[dict[str, str]]:
+def runtime_violations(outputs: Any, inputs: list, pristine: list, device: str) -> list[dict[str, str]]:
     violations = []
-    input_spans = [_storage_span(t) for t in tensors_in(inputs)]
+    input_spans = [storage_span(t) for t in tensors_in(inputs)]
     for i, out in enumerate(tensors_in(outputs)):
         if type(out) is not torch.Tensor:
             violations.append({"code": "output-not-plain-tensor",
@@ -98,7 +123,7 @@ def _runtime_violations(outputs: Any, inputs: list, pristine: list, device: str)
             continue
         if out.device.type != device:
             violations.append({"code": "output-wrong-device", "message": f"output {i} is on {out.device}, expected {device}"})
-        start, end = _storage_span(out)
+        start, end = storage_span(out)
         if out.untyped_storage().nbytes() and any(start < e and s < end for s, e in input_spans):
             violations.append({"code": "output-aliases-input",
                                "message": f"output {i} shares memory with an input; outputs must be fresh tensors"})

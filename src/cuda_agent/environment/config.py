@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cuda_agent.environment.guards.config import GuardConfig
+
 Device = Literal["cpu", "cuda"]
 
 
@@ -86,6 +88,9 @@ class VerifyConfig:
 class TimingConfig:
     warmup_calls: int = 3
     """Untimed calls before measuring (first-call costs: lazy init, autotuning, caches)."""
+    warmup_ms: float = 200.0
+    """Keep warming up for at least this long: a GPU idling between evaluations needs time to
+    ramp its clocks, and a µs-scale kernel would otherwise be timed at idle clocks."""
     min_samples: int = 10
     """Timed calls before the precision target may stop the loop."""
     max_samples: int = 1000
@@ -104,12 +109,14 @@ class TimingConfig:
 
     def __post_init__(self) -> None:
         _require(self.warmup_calls >= 1, f"timing.warmup_calls must be >= 1, got {self.warmup_calls}")
+        _require(self.warmup_ms >= 0, f"timing.warmup_ms must be >= 0, got {self.warmup_ms}")
         _require(self.min_samples >= 3, f"timing.min_samples must be >= 3, got {self.min_samples}")
         _require(
             self.max_samples >= self.min_samples,
             f"timing.max_samples ({self.max_samples}) must be >= timing.min_samples ({self.min_samples})",
         )
-        _require(0 < self.target_rel_std_err < 1, "timing.target_rel_std_err must be in (0, 1)")
+        _require(0 < self.target_rel_std_err < 1,
+                 f"timing.target_rel_std_err must be in (0, 1), got {self.target_rel_std_err}")
         _require(self.budget_s > 0, f"timing.budget_s must be > 0, got {self.budget_s}")
         modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
         _require(self.compile_mode in modes, f"timing.compile_mode must be one of {modes}, got {self.compile_mode!r}")
@@ -143,6 +150,8 @@ class EvalConfig:
     verify: VerifyConfig = field(default_factory=VerifyConfig)
     timing: TimingConfig = field(default_factory=TimingConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    guards: GuardConfig = field(default_factory=GuardConfig)
+    """Static guards run on the sources before anything is built (docs/guards.md)."""
     cache_dir: Path = field(default_factory=default_cache_dir)
     """Build cache and baseline database live here."""
     scratch_dir: Path | None = None
@@ -155,7 +164,8 @@ class EvalConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EvalConfig":
         """Build from a nested mapping (e.g. parsed YAML); unknown keys are an error."""
-        sections = {"build": BuildConfig, "verify": VerifyConfig, "timing": TimingConfig, "limits": LimitsConfig}
+        sections = {"build": BuildConfig, "verify": VerifyConfig, "timing": TimingConfig, "limits": LimitsConfig,
+                    "guards": GuardConfig}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         _require(not unknown, f"unknown config keys {sorted(unknown)}; valid: {sorted(known)}")

@@ -23,6 +23,7 @@ from typing import Any
 from cuda_agent.environment.baselines import BaselineCache
 from cuda_agent.environment.build import BuiltSolution, CompileError, build_location, build_solution
 from cuda_agent.environment.config import EvalConfig
+from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.reward import milestone_reward
 from cuda_agent.environment.solution import Solution, SolutionError, load_solution
@@ -126,6 +127,12 @@ class _Evaluation:
             solution = load_solution(self.solution_path)
         except SolutionError as exc:
             raise _Stop(Status.SOLUTION_ERROR, str(exc)) from None
+        if self.config.guards.enabled:
+            violations = run_static_guards(solution, self.config.guards)
+            self._phase("guards")
+            if violations:
+                self.verdict.violations.extend(violations)
+                raise _Stop(Status.GUARD_VIOLATION, "; ".join(v.message for v in violations[:5]))
         task_dir = self.scratch / "task"
         task_dir.mkdir()
         self.task_file = task_dir / "model.py"
@@ -236,10 +243,7 @@ class _Evaluation:
             reply = self._ask_candidate("run", {"inputs_path": str(self._inputs_path(index)),
                                                 "outputs_path": str(outputs)},
                                         self.config.limits.candidate_timeout_s, context=f"trial {index} ({kind})")
-            violations = [Violation(str(v["code"]), str(v["message"])) for v in reply.get("violations", [])]
-            if violations:
-                self.verdict.violations.extend(violations)
-                raise _Stop(Status.GUARD_VIOLATION, "; ".join(v.message for v in violations))
+            self._raise_on_violations(reply)
             check = self._ask_reference("check", {"index": index, "path": str(outputs)})
             result = TrialResult(index, kind, bool(check["passed"]), str(check["message"]),
                                  check.get("max_abs_err"), check.get("error_ratio"))
@@ -250,10 +254,17 @@ class _Evaluation:
                 raise _Stop(Status.INCORRECT, f"trial {index} ({kind}): {result.message}"
                             + "".join(f"\n{n}" for n in weights))
 
+    def _raise_on_violations(self, reply: dict[str, Any]) -> None:
+        violations = [Violation(str(v["code"]), str(v["message"])) for v in reply.get("violations", [])]
+        if violations:
+            self.verdict.violations.extend(violations)
+            raise _Stop(Status.GUARD_VIOLATION, "; ".join(v.message for v in violations))
+
     def _profile(self, index: int, baselines: dict[str, TimingStats]) -> None:
         reply = self._ask_candidate("time", {
             "inputs_path": str(self._inputs_path(index)), "timing": dataclasses.asdict(self.config.timing),
         }, self.config.limits.timing_timeout_s, context="timing")
+        self._raise_on_violations(reply)
         candidate = TimingStats.from_dict(reply["stats"])
         v = self.verdict
         v.candidate_timing = candidate
@@ -295,16 +306,23 @@ class _Evaluation:
         try:
             return self.candidate.request({"op": op, **payload}, timeout_s)
         except RemoteError as exc:
-            status = Status.OUT_OF_MEMORY if "OutOfMemory" in exc.error_type else Status.RUNTIME_ERROR
+            status = Status.OUT_OF_MEMORY if _is_out_of_memory(exc) else Status.RUNTIME_ERROR
             raise _Stop(status, f"candidate raised during {where}: {exc}\n{_short_traceback(exc.traceback)}".strip()) from None
         except WorkerTimeout as exc:
             raise _Stop(Status.TIMEOUT, f"candidate timed out during {where}: {exc}") from None
         except WorkerMemoryExceeded as exc:
             raise _Stop(Status.OUT_OF_MEMORY, f"candidate during {where}: {exc}") from None
         except WorkerDied as exc:
-            raise _Stop(Status.RUNTIME_ERROR, f"candidate process {exc} (during {where})\n{exc.log_tail[-2000:]}".strip()) from None
+            scope = f" ({context})" if context else ""
+            raise _Stop(Status.RUNTIME_ERROR, f"candidate process failed{scope}: {exc}\n{exc.log_tail[-2000:]}".strip()) from None
         except WorkerError as exc:
             raise _Stop(Status.RUNTIME_ERROR, f"candidate failed during {where}: {exc}") from None
+
+
+def _is_out_of_memory(exc: RemoteError) -> bool:
+    """CUDA OOM has its own exception type; on CPU, torch's allocator raises a RuntimeError under
+    ``RLIMIT_AS`` and plain Python raises ``MemoryError``."""
+    return exc.error_type in ("OutOfMemoryError", "MemoryError") or "can't allocate memory" in exc.detail
 
 
 def _short_traceback(text: str, lines: int = 12) -> str:

@@ -70,3 +70,17 @@ def tensors_in(tree) -> list:
     if isinstance(tree, dict):
         return [t for v in tree.values() for t in tensors_in(v)]
     return []
+
+
+def storage_span(t) -> tuple[int, int]:
+    """Byte range ``[start, end)`` of the storage behind tensor ``t``."""
+    storage = t.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def shares_storage(a, b) -> bool:
+    """True when any tensor in tree ``a`` overlaps the storage of any tensor in tree ``b``."""
+    spans_b = [storage_span(t) for t in tensors_in(b) if t.untyped_storage().nbytes()]
+    return any(start < end_b and start_b < end
+               for t in tensors_in(a) if t.untyped_storage().nbytes()
+               for start, end in [storage_span(t)] for start_b, end_b in spans_b)

@@ -4,7 +4,8 @@ Every policy first checks structure (same nesting, shapes, dtypes) and the non-f
 (NaN where the fp32 reference has NaN, ±Inf with the same sign), then its own numeric rule:
 
 - ``faithful`` (default): the candidate's error against a float64 run of the reference may not
-  exceed ``error_ratio_limit`` times the fp32 eager reference's own error (plus a few-ulp floor),
+  exceed ``error_ratio_limit`` times the fp32 eager reference's own error (plus a floor of
+  ``ulp_floor`` fp32 epsilons relative to the output's magnitude, well below fp16/bf16 rounding),
   in both the L2 and the max norm. Reduction-order differences pass; fp16/bf16/TF32 downcasts fail.
   Calibration: docs/precision.md.
 - ``tf32``: the same rule, measured against the eager reference run with TF32 enabled; speed-ups
@@ -240,9 +241,14 @@ def _nonfinite_problem(path: str, cand: torch.Tensor, ref: torch.Tensor) -> str 
     return None
 
 
-# Calibrated in docs/precision.md (bench/precision_calibration.py).
-FAITHFUL_ERROR_RATIO_LIMIT = 16.0
-FAITHFUL_ULP_FLOOR = 8.0
+# Calibrated in docs/precision.md (bench/precision_calibration.py, CPU). The limit must admit honest
+# reorderings where cancellation makes eager's own error large (layernorm of randn + 1024 summed
+# sequentially: ratio up to 25) yet reject fp16/TF32 operands where eager itself sums a long K
+# sequentially (matmul, K = 65536: ratio down to 46). The floor (fp32 eps, relative to the float64
+# result's norm) must admit sequential fp32 sums of 1M terms (up to ~320 eps) yet stay below the
+# fp16/TF32 operand-rounding error on sign-symmetric inputs (~1300 eps and up).
+FAITHFUL_ERROR_RATIO_LIMIT = 32.0
+FAITHFUL_ULP_FLOOR = 512.0
 
 KERNELBENCH = AllclosePolicy("kernelbench", {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}, 1e-4)
 POLICIES: Registry[PrecisionPolicy] = Registry("precision policy")

@@ -22,7 +22,7 @@ from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.loading import clone_tree, import_file, seed_all, tensors_in, to_device
 from cuda_agent.environment.precision import POLICIES, References
 from cuda_agent.environment.task import REQUIRED_NAMES
-from cuda_agent.environment.timing import make_timer, measure
+from cuda_agent.environment.timing import FreshInputs, make_timer, measure
 from cuda_agent.environment.worker import serve
 
 
@@ -44,6 +44,18 @@ def _to_double(tree):
     if isinstance(tree, (list, tuple)):
         return type(tree)(_to_double(v) for v in tree)
     return tree
+
+
+def _differ(a: list[torch.Tensor], b: list[torch.Tensor], atol: float) -> bool:
+    """True when the two output lists differ by more than ``atol`` anywhere (NaN-aware)."""
+    for x, y in zip(a, b):
+        if x.shape != y.shape:
+            return True
+        both_nan = torch.isnan(x) & torch.isnan(y)
+        diff = (x - y).abs()
+        if bool(((diff > atol) & ~both_nan).any()) or bool((torch.isnan(x) != torch.isnan(y)).any()):
+            return True
+    return False
 
 
 def _sync(device: str) -> None:
@@ -151,8 +163,52 @@ class ReferenceWorker:
                     compiled = torch.compile(self.model, mode=None if config.compile_mode == "default" else config.compile_mode)
                 model = compiled
             with torch.no_grad(), tf32(setting == "on"):
-                stats[variant] = measure(lambda: model(*inputs), timer, config).__dict__
+                # The same per-call fresh inputs the candidate is timed with, for a like-for-like cost.
+                stats[variant] = measure(model, timer, config, prepare=FreshInputs(inputs).next).__dict__
         return {"stats": stats}
+
+    def degeneracy(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Measure what ``degenerate.detect_degenerate`` reports (see there for the flags)."""
+        atol = float(msg["atol"])
+        flags: dict[str, str] = {}
+
+        def outputs_for(seed: int, redraw: int | None = None) -> list[torch.Tensor]:
+            seed_all(seed)
+            inputs = list(self.module.get_inputs())
+            if redraw is not None:
+                seed_all(seed + 7919)
+                inputs[redraw] = list(self.module.get_inputs())[redraw]
+            with torch.no_grad():
+                out = self.model(*to_device(inputs, self.device))
+            return [t.detach().double().cpu() for t in tensors_in(out) if t.is_floating_point()]
+
+        base = outputs_for(1)
+        if not base:
+            return {"flags": [], "details": ["no floating-point outputs: degeneracy checks do not apply"]}
+        if any(not bool(torch.isfinite(t).all()) for t in base):
+            flags["non-finite-output"] = "the reference output contains NaN or Inf on standard inputs"
+        finite = [t[torch.isfinite(t)] for t in base]
+        for i, t in enumerate(finite):
+            if t.numel() == 0:
+                continue
+            scale = float(t.abs().max())
+            if scale < atol:
+                flags["tiny-output"] = f"output {i}: max |value| {scale:.3g} < atol {atol:g}; zeros would pass"
+            elif t.numel() > 1 and float(t.std()) <= 1e-6 * scale:
+                flags["constant-output"] = f"output {i}: spread {float(t.std()):.3g} is negligible vs magnitude {scale:.3g}"
+        if _differ(base, outputs_for(1), 0.0):
+            flags["nondeterministic"] = "two runs on the same inputs gave different outputs"
+        if all(not _differ(base, outputs_for(1 + s), atol) for s in range(1, int(msg["seeds"]))):
+            flags["seed-insensitive"] = "outputs are the same (within atol) for different input seeds"
+        seed_all(1)
+        n_inputs = len(list(self.module.get_inputs()))
+        for k in range(n_inputs):
+            seed_all(1)
+            if not isinstance(list(self.module.get_inputs())[k], torch.Tensor):
+                continue
+            if not _differ(base, outputs_for(1, redraw=k), atol):
+                flags.setdefault("input-ignored", f"re-drawing input {k} leaves the outputs unchanged (within atol)")
+        return {"flags": sorted(flags), "details": [flags[f] for f in sorted(flags)]}
 
     def probe(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Import a task file and check its KernelBench names (for ``cuda-agent tasks list``)."""
@@ -199,7 +255,7 @@ def _cpu_model() -> str:
 def main() -> None:
     worker = ReferenceWorker()
     serve({"load": worker.load, "make_inputs": worker.make_inputs, "check": worker.check,
-           "baselines": worker.baselines, "probe": worker.probe})
+           "baselines": worker.baselines, "probe": worker.probe, "degeneracy": worker.degeneracy})
 
 
 if __name__ == "__main__":

@@ -54,20 +54,32 @@ def check_source(code: str, origin: str) -> None:
         tree = ast.parse(code, filename=origin)
     except SyntaxError as exc:
         raise TaskLoadError(f"{origin}: syntax error at line {exc.lineno}: {exc.msg}") from None
-    defined = set()
-    for node in tree.body:
-        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            defined.add(node.name)
-        elif isinstance(node, ast.Assign):
-            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+    defined = _top_level_names(tree.body)
     missing = [name for name in REQUIRED_NAMES if name not in defined]
     if missing:
         raise TaskLoadError(
             f"{origin}: missing top-level {', '.join(missing)}; a KernelBench problem defines "
             "class Model(nn.Module), get_inputs() and get_init_inputs()"
         )
+
+
+def _top_level_names(body: list[ast.stmt]) -> set[str]:
+    """Names bound at module level, including inside top-level ``if``/``try``/``with`` blocks."""
+    defined: set[str] = set()
+    for node in body:
+        if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(node.name)
+        elif isinstance(node, ast.Assign):
+            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            defined.add(node.target.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            for block in (getattr(node, "body", []), getattr(node, "orelse", []), getattr(node, "finalbody", []),
+                          *[h.body for h in getattr(node, "handlers", [])]):
+                defined |= _top_level_names(block)
+    return defined
 
 
 def load_task(path: str | Path) -> Task:
@@ -125,7 +137,7 @@ def _load_dataset(path: Path) -> list[TaskLoadResult]:
     results = []
     for index, row in enumerate(rows):
         origin = f"{path}#{index}"
-        task_id = str(row.get("id") or row.get("data_source") or f"row{index}")
+        task_id = next((str(row[k]) for k in ("id", "data_source") if row.get(k) is not None), f"row{index}")
         code = row.get("code")
 
         def load(code=code, origin=origin, task_id=task_id) -> Task:

@@ -55,7 +55,7 @@ def save(obj: Any, path: Path) -> None:
         if depth > _MAX_DEPTH:
             raise TensorFormatError(f"structure nested deeper than {_MAX_DEPTH} levels")
         if isinstance(value, torch.Tensor):
-            cpu = value.detach().to("cpu").contiguous()
+            cpu = value.detach().resolve_conj().resolve_neg().to("cpu").contiguous()
             raw = cpu.reshape(-1).view(torch.uint8).numpy().tobytes() if cpu.numel() else b""
             node = {"t": "tensor", "dtype": dtype_name(cpu.dtype), "shape": list(cpu.shape),
                     "offset": offset, "nbytes": len(raw), "device": str(value.device)}
@@ -99,7 +99,12 @@ def load(path: Path, device: str | torch.device = "cpu") -> Any:
     body = memoryview(data)[8 + header_len :]
     if not isinstance(header, dict) or header.get("version") != 1 or "tree" not in header:
         raise TensorFormatError(f"{path}: unknown header version")
-    return _decode(header["tree"], body, torch.device(device), 0, path)
+    try:
+        return _decode(header["tree"], body, torch.device(device), 0, path)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        if isinstance(exc, TensorFormatError):
+            raise
+        raise TensorFormatError(f"{path}: malformed header ({type(exc).__name__}: {exc})") from None
 
 
 def _decode(node: Any, body: memoryview, device: torch.device, depth: int, path: Path) -> Any:

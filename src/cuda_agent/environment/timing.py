@@ -12,11 +12,12 @@ import math
 import statistics
 import time
 from abc import ABC, abstractmethod
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from cuda_agent.environment.config import TimingConfig
+from cuda_agent.environment.loading import clone_tree, shares_storage
 from cuda_agent.environment.verdict import TimingStats
 
 
@@ -68,6 +69,31 @@ def make_timer(device: str, config: TimingConfig) -> Timer:
     return CudaTimer(config.flush_l2) if device == "cuda" else CpuTimer()
 
 
+class FreshInputs:
+    """Per-call inputs for timing: clones of the trial inputs, floats scaled by ``1 + k * 2**-20``.
+
+    The scaling changes almost every value (so no cache can hit) without changing signs, magnitudes
+    or domains. Also checks, between calls, that consecutive outputs do not share storage.
+    """
+
+    def __init__(self, inputs: list) -> None:
+        self.inputs = inputs
+        self.count = 0
+        self.last_output: Any = None
+        self._previous_output: Any = None
+        self.reused_output = False
+
+    def next(self) -> tuple:
+        if self.last_output is not None:
+            if self._previous_output is not None and shares_storage(self.last_output, self._previous_output):
+                self.reused_output = True
+            self._previous_output, self.last_output = self.last_output, None
+        self.count += 1
+        factor = 1.0 + (self.count % 1024 + 1) * 2.0 ** -20  # never exactly 1: trial values never recur
+        return tuple(t * factor if isinstance(t, torch.Tensor) and t.is_floating_point()
+                     else clone_tree(t) for t in self.inputs)
+
+
 def summarize(samples_ms: list[float], budget_exhausted: bool) -> TimingStats:
     n = len(samples_ms)
     mean = statistics.fmean(samples_ms)
@@ -76,14 +102,23 @@ def summarize(samples_ms: list[float], budget_exhausted: bool) -> TimingStats:
     return TimingStats(statistics.median(samples_ms), mean, std, n, rse, budget_exhausted)
 
 
-def measure(fn: Callable[[], object], timer: Timer, config: TimingConfig) -> TimingStats:
-    """Warm up, then time ``fn`` until the relative standard error target or the budget is reached."""
-    for _ in range(config.warmup_calls):
-        fn()
+def measure(fn: Callable[..., object], timer: Timer, config: TimingConfig,
+            prepare: Callable[[], tuple] | None = None) -> TimingStats:
+    """Warm up, then time ``fn(*prepare())`` until the relative standard error target or the budget
+    is reached. ``prepare`` runs outside the timed region (fresh inputs per call)."""
+    def args() -> tuple:
+        return prepare() if prepare is not None else ()
+
+    warmup_until = time.monotonic() + config.warmup_ms / 1e3
+    calls = 0
+    while calls < config.warmup_calls or time.monotonic() < warmup_until:
+        timer.time_call(lambda: fn(*args()))  # timed like the samples, so the flush and syncs warm up too
+        calls += 1
     samples: list[float] = []
     deadline = time.monotonic() + config.budget_s
     while True:
-        samples.append(timer.time_call(fn))
+        call_args = args()
+        samples.append(timer.time_call(lambda: fn(*call_args)))
         n = len(samples)
         if n >= config.min_samples:
             stats = summarize(samples, False)

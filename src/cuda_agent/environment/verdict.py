@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -100,6 +101,17 @@ class Verdict:
     environment: dict[str, str] = field(default_factory=dict)
 
     def to_json_dict(self) -> dict[str, Any]:
+        """Plain JSON-safe data: non-finite floats (an error ratio of inf) become ``None``."""
         data = asdict(self)
         data["status"] = self.status.value
-        return data
+        return _finite_or_none(data)
+
+
+def _finite_or_none(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite_or_none(v) for v in value]
+    return value

@@ -136,6 +136,8 @@ class WorkerProcess:
                 (it is dead afterwards).
             RemoteError: the worker ran the operation and it raised (the worker lives on).
         """
+        if self._to_child_w < 0:
+            raise WorkerDied("worker was already stopped", self.log_tail())
         try:
             _write_all(self._to_child_w, (json.dumps(message) + "\n").encode())
         except BrokenPipeError:

@@ -1,0 +1,59 @@
+"""Detecting tampering with the harness from inside the candidate's own process.
+
+The candidate worker runs untrusted code next to the harness functions that time it and save its
+outputs. Before any candidate code is imported, a snapshot records every harness-critical function
+and its code object; after each candidate call the snapshot is compared again. This catches
+monkeypatching of ``torch.cuda.synchronize``, the timers, the output writer, the runtime checks or
+``time``; the static guards reject the introspection tricks needed to reach further.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WATCHED = (
+    ("time", "perf_counter"), ("time", "perf_counter_ns"), ("time", "monotonic"), ("time", "sleep"),
+    ("torch", "equal"), ("torch", "isnan"), ("torch.cuda", "synchronize"), ("torch.cuda", "Event"),
+    ("torch.cuda", "current_stream"), ("torch", "no_grad"),
+    ("cuda_agent.environment.tensor_io", "save"), ("cuda_agent.environment.tensor_io", "dtype_name"),
+    ("cuda_agent.environment.timing", "measure"), ("cuda_agent.environment.timing", "summarize"),
+    ("cuda_agent.environment.timing", "CudaTimer"), ("cuda_agent.environment.timing", "CpuTimer"),
+    ("cuda_agent.environment.candidate_worker", "runtime_violations"),
+    ("cuda_agent.environment.worker", "serve"), ("cuda_agent.environment.worker", "_write_all"),
+    ("builtins", "open"), ("builtins", "isinstance"), ("builtins", "type"), ("builtins", "len"),
+)
+
+
+def _code_of(obj: Any) -> list[Any]:
+    """The code objects behind a function or class (its methods), to detect ``__code__`` swaps."""
+    if hasattr(obj, "__code__"):
+        return [obj.__code__]
+    if isinstance(obj, type):
+        return [v.__code__ for v in vars(obj).values() if hasattr(v, "__code__")]
+    return []
+
+
+class HarnessSnapshot:
+    """Identities of the watched functions and their code objects at capture time."""
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[str, Any, Any, list[Any]]] = []
+        for module_name, attr in _WATCHED:
+            module = importlib.import_module(module_name)
+            obj = getattr(module, attr)
+            self._entries.append((f"{module_name}.{attr}", module, obj, _code_of(obj)))
+        import torch
+
+        self._entries.append(("torch.Tensor.untyped_storage", torch.Tensor, torch.Tensor.untyped_storage, []))
+        self._entries.append(("torch.Tensor.clone", torch.Tensor, torch.Tensor.clone, []))
+
+    def changed(self) -> list[str]:
+        """Names of watched functions that were replaced or whose code was swapped."""
+        changed = []
+        for name, owner, obj, codes in self._entries:
+            attr = name.rsplit(".", 1)[1]
+            current = getattr(owner, attr, None)
+            if current is not obj or _code_of(obj) != codes:
+                changed.append(name)
+        return changed

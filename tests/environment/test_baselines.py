@@ -1,0 +1,32 @@
+"""The SQLite cache of baseline timings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cuda_agent.environment.baselines import BaselineCache
+from cuda_agent.environment.verdict import TimingStats
+
+STATS = TimingStats(median_ms=1.5, mean_ms=1.6, std_ms=0.1, n=10, rel_std_err=0.02, budget_exhausted=False)
+
+
+def test_put_then_get_returns_the_same_stats(tmp_path: Path) -> None:
+    cache = BaselineCache(tmp_path / "sub" / "baselines.sqlite")
+    cache.put("task", "cpu:x:2", "torch=2", {"eager_tf32_off": STATS})
+    assert cache.get("task", "cpu:x:2", "torch=2", ["eager_tf32_off", "compile_tf32_off"]) == {"eager_tf32_off": STATS}
+
+
+def test_entries_are_keyed_by_task_device_and_software(tmp_path: Path) -> None:
+    cache = BaselineCache(tmp_path / "baselines.sqlite")
+    cache.put("task", "dev", "sw", {"eager_tf32_off": STATS})
+    assert cache.get("other-task", "dev", "sw", ["eager_tf32_off"]) == {}
+    assert cache.get("task", "other-dev", "sw", ["eager_tf32_off"]) == {}
+    assert cache.get("task", "dev", "other-sw", ["eager_tf32_off"]) == {}
+
+
+def test_put_replaces_and_persists_across_instances(tmp_path: Path) -> None:
+    path = tmp_path / "baselines.sqlite"
+    BaselineCache(path).put("t", "d", "s", {"eager_tf32_off": STATS})
+    newer = TimingStats(2.0, 2.0, 0.0, 3, 0.0, True)
+    BaselineCache(path).put("t", "d", "s", {"eager_tf32_off": newer})
+    assert BaselineCache(path).get("t", "d", "s", ["eager_tf32_off"]) == {"eager_tf32_off": newer}

@@ -1,0 +1,184 @@
+"""The ``cuda-agent`` command line: the ``verify --json`` contract, exit statuses, ``tasks list``, ``demo``.
+
+Commands run as subprocesses with ``CUDA_AGENT_CACHE_DIR`` on the session's shared cache, so they
+reuse the builds (and baselines) of the in-process tests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support import EXAMPLES, FIXTURES, SMALL_RELU_TASK
+
+CONTRACT_KEYS = [
+    "compiled", "correct", "reward", "eager_ms", "compile_ms", "candidate_ms", "speedup_vs_eager",
+    "speedup_vs_compile", "violations", "error", "precision_policy",
+]
+
+
+def run_cli(cli: list[str], env: dict[str, str], *args: str | Path,
+            timeout_s: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*cli, *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout_s)
+
+
+def one_line(text: str) -> str:
+    """rich wraps long messages; undo it for substring checks."""
+    return " ".join(text.split())
+
+
+@pytest.fixture()
+def verify_json(cli, cli_env, fast_config_file):
+    """``verify_json(problem, solution, *extra)``: run ``verify --device cpu --json`` with small budgets."""
+
+    def run(problem: Path, solution: Path, *extra: str) -> subprocess.CompletedProcess:
+        return run_cli(cli, cli_env, "verify", problem, solution, "--device", "cpu", "--json",
+                       "--no-compile-baseline", "--config", fast_config_file, *extra)
+
+    return run
+
+
+# -- verify --json -----------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_verify_json_prints_one_object_with_the_contract_keys(verify_json, fault_solution) -> None:
+    result = verify_json(SMALL_RELU_TASK, fault_solution("relu_ok"))
+    assert result.returncode == 0, result.stderr
+    data = strict_json(result.stdout)  # the whole of stdout is one JSON object
+    assert isinstance(data, dict)
+    assert list(data)[: len(CONTRACT_KEYS)] == CONTRACT_KEYS
+    assert data["compiled"] is True and data["correct"] is True
+    assert data["reward"] in (1, 2, 3)
+    assert isinstance(data["eager_ms"], float) and isinstance(data["candidate_ms"], float)
+    assert data["speedup_vs_eager"] == pytest.approx(data["eager_ms"] / data["candidate_ms"])
+    assert data["compile_ms"] is None and data["speedup_vs_compile"] is None
+    assert data["violations"] == [] and data["error"] is None
+    assert data["precision_policy"] == "faithful"
+    assert data["status"] == "correct" and data["device"] == "cpu" and data["task"] == "small_relu"
+
+
+def strict_json(text: str):
+    """Parse as RFC 8259 JSON: NaN and Infinity are not JSON and break other languages' parsers."""
+
+    def reject(constant: str):
+        raise ValueError(f"not valid JSON: {constant}")
+
+    return json.loads(text, parse_constant=reject)
+
+
+@pytest.mark.slow
+def test_verify_json_is_strict_json_for_an_incorrect_kernel(verify_json, fault_solution) -> None:
+    """The wrong kernel's error is finite but the eager error is 0 (ReLU is exact), so the error
+    ratio is infinite; the contract output must still be parseable as standard JSON."""
+    result = verify_json(SMALL_RELU_TASK, fault_solution("relu_slightly_wrong"))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["status"] == "incorrect"
+    strict_json(result.stdout)
+
+
+def test_verify_json_exits_0_on_a_failing_verdict(verify_json) -> None:
+    result = verify_json(SMALL_RELU_TASK, FIXTURES / "solutions" / "raise_in_forward.py")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["correct"] is False and data["reward"] == -1 and data["compiled"] is True
+    assert data["status"] == "runtime_error"
+    assert "ValueError: deliberate failure in ModelNew.forward" in data["error"]
+    assert data["candidate_ms"] is None and data["speedup_vs_eager"] is None
+
+
+@pytest.mark.slow
+def test_verify_json_lists_violations_with_code_and_message(verify_json, fault_solution) -> None:
+    result = verify_json(SMALL_RELU_TASK, fault_solution("return_input"))
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["status"] == "guard_violation" and data["reward"] == -1
+    assert data["violations"] == [{"code": "output-aliases-input",
+                                   "message": "output 0 shares memory with an input; outputs must be fresh tensors"}]
+
+
+def test_verify_honours_the_precision_option(verify_json) -> None:
+    result = verify_json(SMALL_RELU_TASK, FIXTURES / "solutions" / "raise_in_forward.py", "--precision", "kernelbench")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["precision_policy"] == "kernelbench"
+
+
+def test_verify_exits_2_for_a_nonexistent_problem_file(verify_json, tmp_path: Path) -> None:
+    result = verify_json(tmp_path / "missing.py", FIXTURES / "solutions" / "raise_in_forward.py")
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "cannot read problem file" in one_line(result.stderr)
+
+
+def test_verify_exits_2_for_a_problem_without_model(verify_json, tmp_path: Path) -> None:
+    problem = tmp_path / "no_model.py"
+    problem.write_text("import torch\n\ndef get_inputs():\n    return []\n\ndef get_init_inputs():\n    return []\n")
+    result = verify_json(problem, FIXTURES / "solutions" / "raise_in_forward.py")
+    assert result.returncode == 2
+    assert "missing top-level Model" in one_line(result.stderr)
+
+
+def test_verify_exits_2_for_an_unknown_precision_policy(verify_json) -> None:
+    result = verify_json(SMALL_RELU_TASK, FIXTURES / "solutions" / "raise_in_forward.py", "--precision", "fp8")
+    assert result.returncode == 2
+    stderr = one_line(result.stderr)
+    assert "verify.precision 'fp8' is unknown" in stderr
+    assert "valid: cuda-agent, faithful, kernelbench, tf32" in stderr
+
+
+def test_verify_exits_2_for_a_missing_solution(verify_json, tmp_path: Path) -> None:
+    result = verify_json(SMALL_RELU_TASK, tmp_path / "nothing")
+    assert result.returncode == 2
+    assert "no such file or directory" in one_line(result.stderr)
+
+
+def test_verify_exits_2_for_too_few_trials(verify_json) -> None:
+    result = verify_json(SMALL_RELU_TASK, FIXTURES / "solutions" / "raise_in_forward.py", "--trials", "2")
+    assert result.returncode == 2
+    assert "verify.trials must be >= 5" in one_line(result.stderr)
+
+
+# -- tasks list --------------------------------------------------------------------------------
+
+def test_tasks_list_shows_static_and_import_failures_in_natural_order(cli, cli_env, tmp_path: Path) -> None:
+    good = SMALL_RELU_TASK.read_text()
+    (tmp_path / "10_no_model.py").write_text("def get_inputs(): return []\ndef get_init_inputs(): return []\n")
+    (tmp_path / "2_import_fails.py").write_text("import no_such_module_4711\n" + good)
+    (tmp_path / "1_ok.py").write_text(good)
+    result = run_cli(cli, cli_env, "tasks", "list", tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.index("1_ok") < out.index("2_import_fails") < out.index("10_no_model")
+    flat = one_line(out)
+    assert "import failed: ModuleNotFoundError: No module named 'no_such_module_4711'" in flat
+    assert "missing top-level Model" in flat
+    assert "1 of 3 loaded" in flat
+
+
+def test_tasks_list_without_import_check_misses_import_failures(cli, cli_env, tmp_path: Path) -> None:
+    (tmp_path / "1_import_fails.py").write_text("import no_such_module_4711\n" + SMALL_RELU_TASK.read_text())
+    result = run_cli(cli, cli_env, "tasks", "list", tmp_path, "--no-import-check")
+    assert result.returncode == 0, result.stderr
+    assert "1 of 1 loaded" in one_line(result.stdout)
+
+
+def test_tasks_list_exits_2_for_a_nonexistent_path(cli, cli_env, tmp_path: Path) -> None:
+    result = run_cli(cli, cli_env, "tasks", "list", tmp_path / "missing")
+    assert result.returncode == 2
+    assert "no such file or directory" in one_line(result.stderr)
+
+
+# -- demo --------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_demo_on_cpu_evaluates_every_sample_and_exits_0(cli, cli_env, fast_config_file) -> None:
+    result = run_cli(cli, cli_env, "demo", "--device", "cpu", "--no-compile-baseline", "--config", fast_config_file,
+                     timeout_s=1500)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    for task in sorted(p.stem for p in (EXAMPLES / "tasks").glob("*.py")):
+        assert task in out
+    assert "workdir" in out and "single-file" in out
+    assert "correct" in out and "failed" not in result.stderr
