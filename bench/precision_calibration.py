@@ -42,14 +42,13 @@ searches (K, floor) for the pair with the widest worst-case log2 margin over tho
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,7 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from cuda_agent.environment import precision
-from cuda_agent.environment.precision import POLICIES, References
+from cuda_agent.environment.precision import POLICIES, References, tf32_enabled
 
 EPS32 = torch.finfo(torch.float32).eps
 LOG2E = 1.4426950408889634
@@ -83,17 +82,6 @@ def round_tf32(x: torch.Tensor) -> torch.Tensor:
     lsb = torch.bitwise_and(torch.bitwise_right_shift(bits, 13), 1)
     rounded = torch.bitwise_and(bits + 0xFFF + lsb, ~0x1FFF)
     return rounded.view(torch.float32)
-
-
-@contextlib.contextmanager
-def tf32_mode(enabled: bool) -> Iterator[None]:
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 # ------------------------------------------------------------------------------------------------
@@ -379,7 +367,7 @@ def build_ops(quick: bool) -> list[Op]:
 # Candidates and measurements
 # ------------------------------------------------------------------------------------------------
 def candidate(op: Op, inputs: list[torch.Tensor], variant: str, gen: torch.Generator) -> torch.Tensor:
-    with torch.no_grad(), tf32_mode(variant == "tf32_hardware"):
+    with torch.no_grad(), tf32_enabled(variant == "tf32_hardware"):
         if variant == "fp16_operands":
             return op.eager(*[round_fp16(x) for x in inputs])
         if variant == "bf16_operands":
@@ -440,7 +428,7 @@ def run_case(op: Op, dist: str, seeds: int, device: str, floor: float, policy) -
     for seed in range(seeds):
         gen = torch.Generator().manual_seed(1000 * seed + 17)
         inputs = op.make(gen, dist, device)
-        with torch.no_grad(), tf32_mode(False):
+        with torch.no_grad(), tf32_enabled(False):
             eager = op.eager(*inputs)
             exact = op.eager(*[x.double() for x in inputs])
         refs = References(fp32=eager.cpu(), fp64=exact.cpu())

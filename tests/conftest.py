@@ -20,7 +20,7 @@ from typing import Callable
 import pytest
 import torch
 
-from cuda_agent.environment import EvalConfig, Status, Verdict, evaluate, load_task
+from cuda_agent.environment import EvalConfig, Status, Verdict, VerifyConfig, evaluate, load_task
 from cuda_agent.environment.guards import GuardConfig
 
 from support import FAST_TIMING, FIXTURES, SMALL_RELU_TASK, child_pids
@@ -97,6 +97,13 @@ def runtime_only_config(make_config) -> EvalConfig:
     """A config with the static guards off, to test the runtime layer on cheats the static guards
     would already reject (each layer of the defence must hold on its own)."""
     return make_config(guards=GuardConfig(enabled=False))
+
+
+@pytest.fixture()
+def plain_torch_config(make_config) -> EvalConfig:
+    """Static guards off and no ``no-custom-kernel`` rule: for tests of other harness parts (weight
+    transfer, the timing loop) that use plain-PyTorch candidates for brevity."""
+    return make_config(guards=GuardConfig(enabled=False), verify=VerifyConfig(require_extension_call=False))
 
 
 @pytest.fixture()

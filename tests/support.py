@@ -17,9 +17,8 @@ SMALL_RELU_TASK = FIXTURES / "tasks" / "small_relu.py"
 FAST_TIMING = TimingConfig(budget_s=0.3, min_samples=3, warmup_calls=1, compile_baseline=False)
 
 
-def child_pids(parent: int | None = None) -> list[int]:
-    """Live (non-zombie) children of ``parent`` (default: this process), read from /proc."""
-    parent = os.getpid() if parent is None else parent
+def _live_processes() -> list[tuple[int, list[str]]]:
+    """``(pid, [state, ppid, pgrp, ...])`` for every live (non-zombie) process, read from /proc."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -28,27 +27,22 @@ def child_pids(parent: int | None = None) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue
-        # "pid (comm) state ppid ...": comm may contain spaces, so split after the last ')'.
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == parent and state != "Z":
-            found.append(int(entry.name))
+        # "pid (comm) state ppid pgrp ...": comm may contain spaces, so split after the last ')'.
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z":
+            found.append((int(entry.name), fields))
     return found
+
+
+def child_pids(parent: int | None = None) -> list[int]:
+    """Live children of ``parent`` (default: this process)."""
+    parent = os.getpid() if parent is None else parent
+    return [pid for pid, fields in _live_processes() if int(fields[1]) == parent]
 
 
 def live_group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes whose process group is ``pgid``, read from /proc."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # state, ppid, pgrp, ...
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            found.append(int(entry.name))
-    return found
+    """Live processes whose process group is ``pgid``."""
+    return [pid for pid, fields in _live_processes() if int(fields[2]) == pgid]
 
 
 def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.05) -> bool:

@@ -74,10 +74,10 @@ def test_forged_output_file_is_the_candidates_failure_not_a_task_error(run_evalu
     assert "tensor_io.save" in verdict.error
 
 
-def test_timing_is_not_fooled_by_caching_on_input_identity(run_evaluation, runtime_only_config) -> None:
+def test_timing_is_not_fooled_by_caching_on_input_identity(run_evaluation, plain_torch_config) -> None:
     """The fixture's real cost is > 50 ms per call, far slower than eager matmul; only a timing
     loop that re-feeds the same tensor objects can see it as faster than eager."""
-    verdict = run_evaluation(TASKS / "small_matmul.py", SOLUTIONS / "cache_by_input_identity.py", runtime_only_config)
+    verdict = run_evaluation(TASKS / "small_matmul.py", SOLUTIONS / "cache_by_input_identity.py", plain_torch_config)
     assert verdict.reward < 2, (
         f"cached result timed as {verdict.candidate_ms:.4g} ms vs eager {verdict.eager_ms:.4g} ms "
         f"(speed-up {verdict.speedup_vs_eager:.3g}x, reward {verdict.reward})"
@@ -98,14 +98,14 @@ def test_static_guards_reject_the_python_level_cheats_before_anything_runs(run_e
 
 # -- weights -----------------------------------------------------------------------------------
 
-def test_renamed_parameter_with_equal_values_needs_no_note(run_evaluation, runtime_only_config) -> None:
-    verdict = run_evaluation(TASKS / "scale.py", SOLUTIONS / "scale_renamed_same_init.py", runtime_only_config)
+def test_renamed_parameter_with_equal_values_needs_no_note(run_evaluation, plain_torch_config) -> None:
+    verdict = run_evaluation(TASKS / "scale.py", SOLUTIONS / "scale_renamed_same_init.py", plain_torch_config)
     assert verdict.status is Status.CORRECT, verdict.error
     assert not [n for n in verdict.notes if n.startswith("weights:")]
 
 
-def test_renamed_parameter_with_other_values_gets_a_weights_note_in_the_error(run_evaluation, runtime_only_config) -> None:
-    verdict = run_evaluation(TASKS / "scale.py", SOLUTIONS / "scale_renamed_other_init.py", runtime_only_config)
+def test_renamed_parameter_with_other_values_gets_a_weights_note_in_the_error(run_evaluation, plain_torch_config) -> None:
+    verdict = run_evaluation(TASKS / "scale.py", SOLUTIONS / "scale_renamed_other_init.py", plain_torch_config)
     assert verdict.status is Status.INCORRECT, verdict.error
     weight_notes = [n for n in verdict.notes if n.startswith("weights:")]
     assert weight_notes == [
@@ -116,7 +116,7 @@ def test_renamed_parameter_with_other_values_gets_a_weights_note_in_the_error(ru
     assert weight_notes[0] in verdict.error
 
 
-def test_parameter_with_another_shape_gets_a_note_even_when_outputs_match(run_evaluation, runtime_only_config,
+def test_parameter_with_another_shape_gets_a_note_even_when_outputs_match(run_evaluation, plain_torch_config,
                                                                          tmp_path) -> None:
     """ModelNew's ``weight`` is (1, dim) instead of (dim,): not transferable, but built from the same
     seed and broadcast the same way, so the outputs match; the note is informational only."""
@@ -127,7 +127,7 @@ def test_parameter_with_another_shape_gets_a_note_even_when_outputs_match(run_ev
         "        self.weight = nn.Parameter(torch.randn(1, dim))\n\n"
         "    def forward(self, x):\n        return x * self.weight\n"
     )
-    verdict = run_evaluation(TASKS / "scale.py", solution, runtime_only_config)
+    verdict = run_evaluation(TASKS / "scale.py", solution, plain_torch_config)
     assert verdict.status is Status.CORRECT, verdict.error
     assert any(n.startswith("weights: Model.weight (128,) was not transferred: ModelNew has shape (1, 128)")
                for n in verdict.notes), verdict.notes

@@ -9,6 +9,8 @@ outputs in the safe tensor format for the reference worker to judge. It also run
 from __future__ import annotations
 
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +18,15 @@ import torch
 
 from cuda_agent.environment import tensor_io
 from cuda_agent.environment.config import TimingConfig
-from cuda_agent.environment.loading import clone_tree, import_file, seed_all, storage_span, tensors_in
+from cuda_agent.environment.extension_calls import ExtensionCallCounter
 from cuda_agent.environment.integrity import HarnessSnapshot
+from cuda_agent.environment.loading import clone_tree, import_file, seed_all, storage_span, tensors_in
+from cuda_agent.environment.solution import EXTENSION_NAME
 from cuda_agent.environment.timing import FreshInputs, make_timer, measure
 from cuda_agent.environment.worker import serve
+
+DEFERRED_WORK_WAIT_S = 0.05
+"""How long outputs must stay unchanged after forward() returned and the device was synchronised."""
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -38,6 +45,8 @@ class CandidateWorker:
         # switch the checks off, and swapping code objects is detected by the snapshot.
         self._check = runtime_violations
         self._snapshot = HarnessSnapshot()
+        self._extension = ExtensionCallCounter()
+        self._extension.install()
 
     def _tampering(self) -> list[dict[str, str]]:
         changed = self._snapshot.changed()
@@ -52,6 +61,7 @@ class CandidateWorker:
             raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
         if msg["layout"] == "workdir":
             sys.path.insert(0, msg["extensions_dir"])  # where the protected build put cuda_extension
+            self._extension.preload(EXTENSION_NAME)
         task = import_file(Path(msg["task_file"]), "candidate_task")
         solution = import_file(Path(msg["solution_file"]), "candidate_solution")
         if not hasattr(solution, "ModelNew"):
@@ -74,16 +84,42 @@ class CandidateWorker:
         assert self.model is not None
         pristine = tensor_io.load(Path(msg["inputs_path"]), self.device)
         inputs = clone_tree(pristine)
+        calls_before, threads_before = self._extension.calls, threading.active_count()
         with torch.no_grad():
             outputs = self.model(*inputs)
-        if self.device == "cuda":
-            torch.cuda.synchronize()
+        self._sync()
         violations = self._check(outputs, inputs, pristine, self.device) + self._tampering()
+        violations += self._deferred_work(outputs, threads_before)
+        if msg["require_extension_call"] and self._extension.calls == calls_before:
+            violations.append({"code": "no-custom-kernel", "message": (
+                "forward() never called into the compiled extension "
+                f"({', '.join(self._extension.modules) or 'none was loaded'}); the work must run in your kernels")})
         try:
             tensor_io.save(outputs, Path(msg["outputs_path"]))
         except tensor_io.TensorFormatError as exc:
             violations.append({"code": "output-unsupported-type", "message": f"forward() returned something that is not tensors: {exc}"})
         return {"violations": violations}
+
+    def _sync(self) -> None:
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+
+    def _deferred_work(self, outputs: Any, threads_before: int) -> list[dict[str, str]]:
+        """Work still happening after forward() returned: live Python threads it started, or
+        outputs that change after a device-wide sync and a short wait (a side stream or thread
+        finishing the result outside the timed region)."""
+        violations = []
+        if threading.active_count() > threads_before:
+            violations.append({"code": "thread-left-running",
+                               "message": "forward() left Python threads running after it returned"})
+        snapshot = [t.clone() for t in tensors_in(outputs) if isinstance(t, torch.Tensor)]
+        time.sleep(DEFERRED_WORK_WAIT_S)
+        self._sync()
+        after = [t for t in tensors_in(outputs) if isinstance(t, torch.Tensor)]
+        if any(not _same_values(a, b) for a, b in zip(snapshot, after)):
+            violations.append({"code": "output-changed-after-return",
+                               "message": "outputs kept changing after forward() returned and the device was synchronised"})
+        return violations
 
     def time(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Time ``forward`` on fresh, slightly perturbed clones of one input set per call.

@@ -72,6 +72,9 @@ class VerifyConfig:
     """Precision policy name (see ``cuda_agent.environment.precision.POLICIES``)."""
     init_seed: int = 42
     """Seed under which both ``Model`` and ``ModelNew`` are constructed (KernelBench convention)."""
+    require_extension_call: bool = True
+    """Every forward pass must call into the compiled extension (runtime guard ``no-custom-kernel``).
+    Turn off only to test other parts of the harness with plain-PyTorch candidates."""
 
     def __post_init__(self) -> None:
         _require(self.trials >= 5, f"verify.trials must be >= 5 (DESIGN §3), got {self.trials}")

@@ -241,7 +241,8 @@ class _Evaluation:
             index, kind = trial
             outputs = self.scratch / "io" / f"outputs_{index}.bin"
             reply = self._ask_candidate("run", {"inputs_path": str(self._inputs_path(index)),
-                                                "outputs_path": str(outputs)},
+                                                "outputs_path": str(outputs),
+                                                "require_extension_call": self.config.verify.require_extension_call},
                                         self.config.limits.candidate_timeout_s, context=f"trial {index} ({kind})")
             self._raise_on_violations(reply)
             check = self._ask_reference("check", {"index": index, "path": str(outputs)})

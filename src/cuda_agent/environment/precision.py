@@ -20,10 +20,11 @@ baselines: no result rests on a handicapped baseline.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 import torch
 
@@ -181,6 +182,18 @@ class FaithfulPolicy(PrecisionPolicy):
                 max_cand, ratio,
             )
         return _LeafResult(True, "", max_cand, ratio)
+
+
+@contextlib.contextmanager
+def tf32_enabled(enabled: bool) -> Iterator[None]:
+    """Set TF32 for both cuBLAS matmuls and cuDNN convolutions, restoring both afterwards."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _is_nan(value: Any) -> bool:

@@ -9,7 +9,6 @@ the expected outputs in memory nor change TF32 or other global state before the 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import sys
 from pathlib import Path
@@ -20,22 +19,10 @@ import torch
 from cuda_agent.environment import tensor_io
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.loading import clone_tree, import_file, seed_all, tensors_in, to_device
-from cuda_agent.environment.precision import POLICIES, References
+from cuda_agent.environment.precision import POLICIES, References, tf32_enabled
 from cuda_agent.environment.task import REQUIRED_NAMES
 from cuda_agent.environment.timing import FreshInputs, make_timer, measure
 from cuda_agent.environment.worker import serve
-
-
-@contextlib.contextmanager
-def tf32(enabled: bool):
-    """Set TF32 for both cuBLAS matmuls and cuDNN convolutions, restoring both afterwards."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = enabled
-    torch.backends.cudnn.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def _to_double(tree):
@@ -118,7 +105,7 @@ class ReferenceWorker:
     def _references(self, inputs: list) -> References:
         device_inputs = to_device(inputs, self.device)
         with torch.no_grad():
-            with tf32(False):
+            with tf32_enabled(False):
                 fp32 = to_device(self.model(*clone_tree(device_inputs)), "cpu")
             fp64 = None
             if self.model64 is not None and self.fp64_error is None:
@@ -128,7 +115,7 @@ class ReferenceWorker:
                     self.fp64_error = f"{type(exc).__name__}: {exc}"
             ref_tf32 = None
             if self.policy.needs_tf32_reference and self.device == "cuda":
-                with tf32(True):
+                with tf32_enabled(True):
                     ref_tf32 = to_device(self.model(*clone_tree(device_inputs)), "cpu")
         _sync(self.device)
         if self.device == "cuda":
@@ -162,7 +149,7 @@ class ReferenceWorker:
                 if compiled is None:
                     compiled = torch.compile(self.model, mode=None if config.compile_mode == "default" else config.compile_mode)
                 model = compiled
-            with torch.no_grad(), tf32(setting == "on"):
+            with torch.no_grad(), tf32_enabled(setting == "on"):
                 # The same per-call fresh inputs the candidate is timed with, for a like-for-like cost.
                 stats[variant] = measure(model, timer, config, prepare=FreshInputs(inputs).next).__dict__
         return {"stats": stats}

@@ -372,30 +372,27 @@ def check_operator_overrides(unit: CppUnit, ctx: CppContext) -> list[Violation]:
 
 
 # -- concurrency / file-or-network / dynamic-code ------------------------------------------------------
-def check_concurrency(unit: CppUnit, ctx: CppContext) -> list[Violation]:
+def _check_named_calls(unit: CppUnit, ctx: CppContext, std_names, free_calls, code: str, advice: str) -> list[Violation]:
+    """Uses of ``std::<name>`` for ``std_names`` and free calls of ``free_calls`` the solution does not define."""
     out = []
     for i, tok in enumerate(unit.tokens):
         if tok.kind != "id":
             continue
-        if (_std_name(unit, i) and tok.text in CONCURRENCY_STD) or (
-                tok.text in CONCURRENCY_CALLS and _free_use(unit, i) and tok.text not in ctx.defined_functions):
+        if (_std_name(unit, i) and tok.text in std_names) or (
+                tok.text in free_calls and _free_use(unit, i) and tok.text not in ctx.defined_functions):
             name = f"std::{tok.text}" if _std_name(unit, i) else tok.text
-            out.append(_v("concurrency", unit, tok,
-                          f"uses {name} (threads or processes); do the work in kernels on the current stream"))
+            out.append(_v(code, unit, tok, f"uses {name} {advice}"))
     return out
+
+
+def check_concurrency(unit: CppUnit, ctx: CppContext) -> list[Violation]:
+    return _check_named_calls(unit, ctx, CONCURRENCY_STD, CONCURRENCY_CALLS, "concurrency",
+                              "(threads or processes); do the work in kernels on the current stream")
 
 
 def check_files(unit: CppUnit, ctx: CppContext) -> list[Violation]:
-    out = []
-    for i, tok in enumerate(unit.tokens):
-        if tok.kind != "id":
-            continue
-        if (_std_name(unit, i) and tok.text in FILE_STD) or (
-                tok.text in FILE_CALLS and _free_use(unit, i) and tok.text not in ctx.defined_functions):
-            name = f"std::{tok.text}" if _std_name(unit, i) else tok.text
-            out.append(_v("file-or-network", unit, tok,
-                          f"uses {name} (files, sockets or process memory); a kernel only computes"))
-    return out
+    return _check_named_calls(unit, ctx, FILE_STD, FILE_CALLS, "file-or-network",
+                              "(files, sockets or process memory); a kernel only computes")
 
 
 def check_dynamic(unit: CppUnit, ctx: CppContext) -> list[Violation]:
