@@ -14,12 +14,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cuda_agent.environment.build import build_many
-from cuda_agent.environment.guards import GuardConfigError
 from cuda_agent.environment import (
     POLICIES, ConfigError, EvalConfig, SolutionError, TaskLoadError, Verdict, evaluate, load_solution,
     load_task, load_tasks,
 )
+from cuda_agent.environment.build import build_many
+from cuda_agent.environment.guards import GuardConfigError
 
 EXIT_BAD_USAGE = 2
 

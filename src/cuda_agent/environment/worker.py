@@ -195,16 +195,10 @@ class WorkerProcess:
 
     def kill(self) -> None:
         """Kill the worker's whole process group and reap it (idempotent)."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        else:  # the leader is gone; children it started may still be alive in its group
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        try:  # the whole group: children the worker started may outlive its leader
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         self.proc.wait()
         for fd in (self._to_child_w, self._from_child_r):
             try:
