@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -21,28 +22,44 @@ import pytest
 import torch
 
 from cuda_agent.environment import EvalConfig, Status, Verdict, VerifyConfig, evaluate, load_task
+from cuda_agent.environment.build import build_solution
 from cuda_agent.environment.guards import GuardConfig
+from cuda_agent.environment.solution import load_solution
 
 from support import FAST_TIMING, FIXTURES, SMALL_RELU_TASK, child_pids
 
-# model_new.py bodies for the shared fault-kernel workdir (tests/fixtures/fault_kernels): each
-# calls one function of the one compiled extension, so all fault tests share a single build.
+# model_new.py bodies for the shared fault-kernel workdir (tests/fixtures/fault_kernels): each fault
+# is one line in forward() (or at import time, for _FAULTS_AT_IMPORT), so all fault tests share a
+# single build. Lines may hold ``{placeholders}`` that ``fault_solution(name, **values)`` fills in.
+_HONEST_RELU = "cuda_extension.relu_ok(x.data_ptr(), out.data_ptr(), x.numel())"
 _FAULT_CALLS = {
-    "relu_ok": "cuda_extension.relu_ok(x.data_ptr(), out.data_ptr(), x.numel())",
+    "relu_ok": _HONEST_RELU,
     "relu_slightly_wrong": "cuda_extension.relu_slightly_wrong(x.data_ptr(), out.data_ptr(), x.numel())",
     "relu_mutating_input": "cuda_extension.relu_mutating_input(x.data_ptr(), out.data_ptr(), x.numel())",
     "return_input": "out = cuda_extension.return_input(x)",
     "segfault": "cuda_extension.segfault(out.data_ptr())",
     "spin_forever": "cuda_extension.spin_forever()",
     "abort_process": "cuda_extension.abort_process()",
+    "grow_memory": f"cuda_extension.grow_memory(6 << 30, 2000); {_HONEST_RELU}",  # 6 GiB at most
+    # A correct result, returned as a stride-0 view that is 10 GiB of float32 when materialised.
+    "huge_output": f"{_HONEST_RELU}; out = out.view(-1)[:1].expand((10 << 30) // 4)",
+    # Faults in Python: fault_actions.py is copied into the workdir for these only.
+    "fork_bomb": "fault_actions.fork_bomb()",
+    "flood_stdout": "fault_actions.flood_stdout()",
+    "fill_workdir": "fault_actions.fill_workdir()",
+    "delete_files": f"fault_actions.delete_files(*{{targets}}); {_HONEST_RELU}",
 }
-_FAULT_MODEL_NEW = '''"""Fault-kernel workdir for tests: ModelNew calls the fault extension's `{name}`."""
+_FAULTS_AT_IMPORT = {
+    "sleep_at_import": "import time; time.sleep(1e9)",
+    "spin_at_import": "while True: pass",
+}
+_FAULT_MODEL_NEW = '''"""Fault-kernel workdir for tests: ModelNew runs the fault `{name}`."""
 
 import torch
 import torch.nn as nn
 
 import cuda_extension  # built by the harness from kernels/*
-
+{imports}
 
 class ModelNew(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +68,9 @@ class ModelNew(nn.Module):
         {call}
         return out
 '''
+_RECOVERY_SECONDS: dict[str, tuple[float, str]] = {}
+"""Test id -> (seconds from the evaluate() call to the verdict, status), printed at the end of the
+run (docs/security.md quotes them)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -107,13 +127,20 @@ def plain_torch_config(make_config) -> EvalConfig:
 
 
 @pytest.fixture()
-def fault_solution(tmp_path: Path) -> Callable[[str], Path]:
-    """``fault_solution(name)``: a workdir with the shared fault kernels whose ModelNew calls ``name``."""
+def fault_solution(tmp_path: Path) -> Callable[..., Path]:
+    """``fault_solution(name, **values)``: a workdir with the shared fault kernels whose ModelNew runs
+    the fault ``name`` (its line's placeholders filled from ``values``)."""
 
-    def make(name: str) -> Path:
+    def make(name: str, **values: str) -> Path:
         root = Path(tempfile.mkdtemp(prefix=f"solution_{name}_", dir=tmp_path))
         shutil.copytree(FIXTURES / "fault_kernels" / "kernels", root / "kernels")
-        (root / "model_new.py").write_text(_FAULT_MODEL_NEW.format(name=name, call=_FAULT_CALLS[name]))
+        at_import = _FAULTS_AT_IMPORT.get(name, "")
+        call = _FAULT_CALLS["relu_ok" if at_import else name].format(**values)
+        imports = at_import
+        if "fault_actions." in call:
+            shutil.copy(FIXTURES / "fault_kernels" / "fault_actions.py", root)
+            imports = "import fault_actions"
+        (root / "model_new.py").write_text(_FAULT_MODEL_NEW.format(name=name, imports=imports, call=call))
         return root
 
     return make
@@ -134,11 +161,51 @@ def run_evaluation(make_config, scratch_dir: Path) -> Callable[..., Verdict]:
 
 
 @pytest.fixture()
-def assert_honest_evaluation_succeeds(run_evaluation, fault_solution, make_config) -> Callable[[], Verdict]:
-    """After a failure: an honest candidate (the fault kernels' correct ReLU) still evaluates fine."""
+def run_fault(run_evaluation, request: pytest.FixtureRequest) -> Callable[..., tuple[Verdict, float]]:
+    """``run_fault(task_path, solution_path, config)``: ``run_evaluation``, timed from the
+    ``evaluate()`` call to the verdict; returns ``(verdict, seconds)`` and records them for the
+    recovery-time table printed at the end of the run."""
+
+    def run(task_path: Path, solution_path: Path, config: EvalConfig) -> tuple[Verdict, float]:
+        started = time.monotonic()
+        verdict = run_evaluation(task_path, solution_path, config)
+        seconds = time.monotonic() - started
+        _RECOVERY_SECONDS[request.node.nodeid] = (seconds, verdict.status.value)
+        first_line = (verdict.error or "").splitlines()[0] if verdict.error else ""
+        print(f"{seconds:.2f} s to verdict {verdict.status.value}: {first_line[:300]}")
+        return verdict, seconds
+
+    return run
+
+
+@pytest.fixture()
+def record_seconds(request: pytest.FixtureRequest) -> Callable[[str, float, str], None]:
+    """``record_seconds(label, seconds, outcome)``: add a row to the recovery-time table."""
+
+    def record(label: str, seconds: float, outcome: str) -> None:
+        _RECOVERY_SECONDS[f"{request.node.nodeid} {label}"] = (seconds, outcome)
+
+    return record
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _RECOVERY_SECONDS:
+        terminalreporter.section("fault recovery: seconds from the evaluate() call to the verdict")
+        for nodeid, (seconds, outcome) in _RECOVERY_SECONDS.items():
+            terminalreporter.write_line(f"{seconds:9.2f} s  {outcome:<14} {nodeid}")
+
+
+@pytest.fixture()
+def assert_honest_evaluation_succeeds(run_evaluation, fault_solution, make_config,
+                                      session_cache_dir: Path) -> Callable[[], Verdict]:
+    """After a failure: an honest candidate (the fault kernels' correct ReLU) still evaluates fine,
+    from the build cache. The fault kernels are built before the test, so a fault that destroys the
+    cache (or a fault that needs no build) cannot pass this check with a fresh build."""
+    honest, config = fault_solution("relu_ok"), make_config()
+    build_solution(load_solution(honest), config.device, config.build, session_cache_dir)
 
     def check() -> Verdict:
-        verdict = run_evaluation(SMALL_RELU_TASK, fault_solution("relu_ok"), make_config())
+        verdict = run_evaluation(SMALL_RELU_TASK, honest, config)
         assert verdict.status is Status.CORRECT, verdict.error
         assert verdict.reward >= 1
         assert verdict.build is not None and verdict.build.cached

@@ -4,6 +4,7 @@ the fixtures)."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 from cuda_agent.environment import TimingConfig
@@ -43,6 +44,53 @@ def child_pids(parent: int | None = None) -> list[int]:
 def live_group_members(pgid: int) -> list[int]:
     """Live processes whose process group is ``pgid``."""
     return [pid for pid, fields in _live_processes() if int(fields[2]) == pgid]
+
+
+def processes_matching(*, uids: range = range(0), name: str | None = None) -> list[int]:
+    """Live (non-zombie) processes whose real uid is in ``uids`` or whose name (comm) is ``name``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = dict(line.split(":", 1) for line in (entry / "status").read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        if fields["State"].split()[0] == "Z":
+            continue
+        if int(fields["Uid"].split()[0]) in uids or fields["Name"].strip() == name:
+            found.append(int(entry.name))
+    return found
+
+
+class PeakDiskUsage:
+    """Polls a directory tree from a thread: the most bytes it ever held, in total and in one file
+    (allocated blocks, so sparse files count for what they really use)."""
+
+    def __init__(self, root: Path, interval_s: float = 0.02) -> None:
+        self.root, self.interval_s = root, interval_s
+        self.total = self.largest = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def __enter__(self) -> "PeakDiskUsage":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            sizes = []
+            for directory, _, files in os.walk(self.root):
+                for name in files:
+                    try:
+                        sizes.append(os.lstat(os.path.join(directory, name)).st_blocks * 512)
+                    except OSError:
+                        pass
+            self.total, self.largest = max(self.total, sum(sizes)), max([self.largest, *sizes])
 
 
 def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.05) -> bool:

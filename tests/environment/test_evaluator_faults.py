@@ -1,34 +1,67 @@
 """Faults in candidates and tasks become typed verdicts, and the evaluator stays usable after each.
 
 Native faults come from one shared kernels folder (tests/fixtures/fault_kernels, compiled once per
-session); pure-Python faults are single-file solutions in tests/fixtures/solutions. After every
-failure an honest candidate is evaluated again in the same session and must still succeed.
+session); faults written in Python live in its fault_actions.py or in tests/fixtures/solutions.
+After every failure an honest candidate is evaluated again in the same session and must still
+succeed; the last test then runs many honest evaluations in a row and checks nothing leaked. Every
+fault's time from the ``evaluate()`` call to its verdict is printed at the end of the run.
+
+The runtime faults run with the static guards off: each defence layer must hold on its own.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import runpy
+import signal
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from cuda_agent.environment import BuildConfig, LimitsConfig, Status, Task, evaluate, load_task
-
+from cuda_agent.environment.build import BUILD_OK_FILE, build_location
 from cuda_agent.environment.guards import GuardConfig
+from cuda_agent.environment.solution import load_solution
 
-from support import FIXTURES, SMALL_RELU_TASK
+from support import FIXTURES, SMALL_RELU_TASK, PeakDiskUsage, child_pids, live_group_members, processes_matching
 
 pytestmark = pytest.mark.slow  # builds (or reuses) compiled extensions
 
 SOLUTIONS = FIXTURES / "solutions"
 # A few seconds beyond a worker's start-up (each imports torch: ~3-5 s on a loaded 2-core machine).
 HANG_TIMEOUT_S = 10.0
+# Hangs at import time can use a shorter limit: a slow worker start-up would also time out in 'load'.
+IMPORT_TIMEOUT_S = 5.0
+# Before the candidate's first request the reference worker starts and prepares the trials.
+STARTUP_S = 15.0
+MIB = 1 << 20
+FILE_LIMIT_MB = 64
+_ACTIONS = runpy.run_path(str(FIXTURES / "fault_kernels" / "fault_actions.py"))
+CHILD_MARKER, FORK_CAP = _ACTIONS["CHILD_MARKER"], _ACTIONS["FORK_CAP"]
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox (own uid, RLIMIT_NPROC) needs root")
 
 
 def assert_failed(verdict, status: Status) -> None:
     assert verdict.status is status, f"{verdict.status}: {verdict.error}"
     assert not verdict.correct and verdict.reward == -1
     assert verdict.error
+
+
+@pytest.fixture()
+def limited_config(make_config):
+    """``limited_config(**limits)``: static guards off and the given ``LimitsConfig`` fields."""
+    return lambda **limits: make_config(guards=GuardConfig(enabled=False), limits=LimitsConfig(**limits))
+
+
+@pytest.fixture()
+def solution(fault_solution):
+    """``solution(spec)``: ``x.py`` is a fixture file of tests/fixtures/solutions, anything else a
+    fault of the shared fault-kernel workdir."""
+    return lambda spec: SOLUTIONS / spec if spec.endswith(".py") else fault_solution(spec)
 
 
 # -- wrong results and build failures ----------------------------------------------------------
@@ -61,34 +94,22 @@ def test_compile_error_reports_the_compiler_message(run_evaluation, make_config,
 
 # -- crashes -----------------------------------------------------------------------------------
 
-def test_native_segfault_in_forward_yields_runtime_error_naming_sigsegv(run_evaluation, fault_solution,
-                                                                       assert_honest_evaluation_succeeds) -> None:
-    verdict = run_evaluation(SMALL_RELU_TASK, fault_solution("segfault"))
+@pytest.mark.parametrize("fault, signal_name", [
+    ("segfault", "SIGSEGV"), ("segfault_ctypes.py", "SIGSEGV"), ("abort_process", "SIGABRT"),
+])
+def test_native_crash_in_forward_yields_runtime_error_naming_the_signal(run_fault, solution, limited_config,
+                                                                        assert_honest_evaluation_succeeds,
+                                                                        fault: str, signal_name: str) -> None:
+    verdict, _ = run_fault(SMALL_RELU_TASK, solution(fault), limited_config())
     assert_failed(verdict, Status.RUNTIME_ERROR)
-    assert "killed by SIGSEGV" in verdict.error and "trial 0 (standard)" in verdict.error
+    assert verdict.compiled
+    assert f"killed by {signal_name}" in verdict.error and "trial 0 (standard)" in verdict.error
     assert_honest_evaluation_succeeds()
 
 
-def test_ctypes_segfault_in_forward_yields_runtime_error_naming_sigsegv(run_evaluation, runtime_only_config,
-                                                                       assert_honest_evaluation_succeeds) -> None:
-    verdict = run_evaluation(SMALL_RELU_TASK, SOLUTIONS / "segfault_ctypes.py", runtime_only_config)
-    assert_failed(verdict, Status.RUNTIME_ERROR)
-    assert verdict.compiled  # nothing to compile: the crash is at run time
-    assert "killed by SIGSEGV" in verdict.error and "trial 0 (standard)" in verdict.error
-    assert_honest_evaluation_succeeds()
-
-
-def test_abort_in_forward_yields_runtime_error_naming_sigabrt(run_evaluation, fault_solution,
-                                                             assert_honest_evaluation_succeeds) -> None:
-    verdict = run_evaluation(SMALL_RELU_TASK, fault_solution("abort_process"))
-    assert_failed(verdict, Status.RUNTIME_ERROR)
-    assert "killed by SIGABRT" in verdict.error
-    assert_honest_evaluation_succeeds()
-
-
-def test_exception_in_forward_yields_runtime_error_with_its_text(run_evaluation,
+def test_exception_in_forward_yields_runtime_error_with_its_text(run_fault, limited_config,
                                                                 assert_honest_evaluation_succeeds) -> None:
-    verdict = run_evaluation(SMALL_RELU_TASK, SOLUTIONS / "raise_in_forward.py")
+    verdict, _ = run_fault(SMALL_RELU_TASK, SOLUTIONS / "raise_in_forward.py", limited_config())
     assert_failed(verdict, Status.RUNTIME_ERROR)
     assert "candidate raised during 'run' (trial 0 (standard))" in verdict.error
     assert "ValueError: deliberate failure in ModelNew.forward (fault fixture)" in verdict.error
@@ -96,9 +117,9 @@ def test_exception_in_forward_yields_runtime_error_with_its_text(run_evaluation,
     assert_honest_evaluation_succeeds()
 
 
-def test_import_time_failure_yields_runtime_error_during_load(run_evaluation,
+def test_import_time_failure_yields_runtime_error_during_load(run_fault, limited_config,
                                                              assert_honest_evaluation_succeeds) -> None:
-    verdict = run_evaluation(SMALL_RELU_TASK, SOLUTIONS / "import_error.py")
+    verdict, _ = run_fault(SMALL_RELU_TASK, SOLUTIONS / "import_error.py", limited_config())
     assert_failed(verdict, Status.RUNTIME_ERROR)
     assert "candidate raised during 'load'" in verdict.error
     assert "ImportError: deliberate import-time failure (fault fixture)" in verdict.error
@@ -108,38 +129,116 @@ def test_import_time_failure_yields_runtime_error_during_load(run_evaluation,
 
 # -- hangs -------------------------------------------------------------------------------------
 
-def test_python_hang_in_forward_yields_timeout(run_evaluation, make_config,
-                                               assert_honest_evaluation_succeeds) -> None:
-    config = make_config(limits=LimitsConfig(candidate_timeout_s=HANG_TIMEOUT_S))
-    started = time.monotonic()
-    verdict = run_evaluation(SMALL_RELU_TASK, SOLUTIONS / "hang_in_forward.py", config)
+@pytest.mark.parametrize("fault, request_name, timeout_s", [
+    pytest.param("hang_in_forward.py", "'run' (trial 0 (standard))", HANG_TIMEOUT_S, id="python-loop-in-forward"),
+    pytest.param("spin_forever", "'run' (trial 0 (standard))", HANG_TIMEOUT_S, id="native-loop-holding-the-gil"),
+    pytest.param("sleep_at_import", "'load'", IMPORT_TIMEOUT_S, id="sleep-at-import"),
+    pytest.param("spin_at_import", "'load'", IMPORT_TIMEOUT_S, id="python-loop-at-import"),
+])
+def test_candidate_that_never_returns_yields_timeout(run_fault, solution, limited_config,
+                                                     assert_honest_evaluation_succeeds,
+                                                     fault: str, request_name: str, timeout_s: float) -> None:
+    verdict, seconds = run_fault(SMALL_RELU_TASK, solution(fault), limited_config(candidate_timeout_s=timeout_s))
     assert_failed(verdict, Status.TIMEOUT)
-    assert f"candidate timed out during 'run' (trial 0 (standard)): no reply to 'run' within {HANG_TIMEOUT_S:g} s" \
-        in verdict.error
-    assert time.monotonic() - started < HANG_TIMEOUT_S + 30
+    op = request_name.split()[0]
+    assert f"candidate timed out during {request_name}: no reply to {op} within {timeout_s:g} s" in verdict.error
+    assert seconds < timeout_s + STARTUP_S
     assert_honest_evaluation_succeeds()
 
 
-def test_native_infinite_loop_holding_the_gil_yields_timeout(run_evaluation, make_config, fault_solution,
-                                                            assert_honest_evaluation_succeeds) -> None:
-    config = make_config(limits=LimitsConfig(candidate_timeout_s=HANG_TIMEOUT_S))
-    verdict = run_evaluation(SMALL_RELU_TASK, fault_solution("spin_forever"), config)
-    assert_failed(verdict, Status.TIMEOUT)
-    assert "candidate timed out during 'run' (trial 0 (standard))" in verdict.error
+# -- resources ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault, message", [
+    pytest.param("oom_in_forward.py", "can't allocate memory", id="torch-8GiB-at-once"),
+    pytest.param("grow_memory", "MemoryError: std::bad_alloc", id="native-64MiB-chunks"),
+])
+def test_allocation_beyond_the_memory_limit_yields_out_of_memory(run_fault, solution, limited_config,
+                                                                 assert_honest_evaluation_succeeds,
+                                                                 fault: str, message: str) -> None:
+    """On CPU the candidate's address space is capped at ``limits.mem_mb``, so the allocation fails
+    inside the candidate: that is the candidate running out of memory, not a generic crash."""
+    verdict, _ = run_fault(SMALL_RELU_TASK, solution(fault), limited_config(mem_mb=1024))
+    assert_failed(verdict, Status.OUT_OF_MEMORY)
+    assert message in verdict.error
     assert_honest_evaluation_succeeds()
 
 
-# -- memory ------------------------------------------------------------------------------------
+@pytest.fixture()
+def kill_fork_bomb_survivors():
+    """Safety net if a defence fails: kill the fork bomb's children (they would exit after a minute)."""
+    yield
+    for pid in processes_matching(name=CHILD_MARKER):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
-def test_allocation_beyond_the_memory_limit_yields_out_of_memory(run_evaluation, make_config,
-                                                                 assert_honest_evaluation_succeeds) -> None:
-    """On CPU the candidate's address space is capped at ``limits.mem_mb``; an 8 GiB allocation
-    then fails inside the candidate. That is the candidate running out of memory."""
-    config = make_config(limits=LimitsConfig(mem_mb=4096), guards=GuardConfig(enabled=False))
-    verdict = run_evaluation(SMALL_RELU_TASK, SOLUTIONS / "oom_in_forward.py", config)
-    assert verdict.reward == -1 and "can't allocate memory" in (verdict.error or "")
-    assert verdict.status is Status.OUT_OF_MEMORY, f"{verdict.status}: {verdict.error}"
+
+@needs_root
+def test_fork_bomb_is_stopped_by_the_process_limit_and_leaves_no_process(run_fault, fault_solution, limited_config,
+                                                                         kill_fork_bomb_survivors,
+                                                                         assert_honest_evaluation_succeeds) -> None:
+    """Half of the bomb's children leave the candidate's process group (setsid), so killing the group
+    is not enough: the sandbox must find them by uid."""
+    max_processes = 256
+    verdict, _ = run_fault(SMALL_RELU_TASK, fault_solution("fork_bomb"), limited_config(max_processes=max_processes))
+    assert_failed(verdict, Status.RUNTIME_ERROR)
+    match = re.search(r"fork failed after (\d+) children \(uid (\d+), process group (\d+)\): "
+                      r"Resource temporarily unavailable", verdict.error)
+    assert match, verdict.error
+    forked, uid, group = map(int, match.groups())
+    assert 0 < forked < max_processes < FORK_CAP
+    assert uid != os.getuid(), "the candidate did not run as a sandbox user"
+    assert live_group_members(group) == []
+    assert processes_matching(uids=range(uid, uid + 1)) == []
+    assert processes_matching(name=CHILD_MARKER) == []
     assert_honest_evaluation_succeeds()
+
+
+@pytest.mark.parametrize("fault, limits, status, message", [
+    pytest.param("flood_stdout", {"max_file_mb": FILE_LIMIT_MB}, Status.RUNTIME_ERROR, "File too large",
+                 id="stdout-stream"),
+    pytest.param("huge_output", {"mem_mb": 1024}, Status.OUT_OF_MEMORY, "can't allocate memory",
+                 id="10GiB-stride-0-output"),
+    pytest.param("fill_workdir", {"max_file_mb": FILE_LIMIT_MB, "disk_mb": FILE_LIMIT_MB}, Status.RUNTIME_ERROR,
+                 "writes refused after", id="many-files",
+                 marks=pytest.mark.skipif(os.geteuid() != 0, reason=(
+                     "the hard quota is the sandbox's private tmpfs workdir (root only); without it the "
+                     "twice-a-second limits.disk_mb watchdog kills the candidate after the fact"))),
+])
+def test_output_flood_is_stopped_before_it_fills_the_scratch_disk(run_fault, solution, limited_config, scratch_dir,
+                                                                  assert_honest_evaluation_succeeds, fault: str,
+                                                                  limits: dict, status: Status, message: str) -> None:
+    """10 GiB of output must not reach the disk: a stream on stdout (the worker's log) stops at the
+    file size limit, a stride-0 view is never materialised, and the scratch folder stays small."""
+    with PeakDiskUsage(scratch_dir) as disk:
+        verdict, _ = run_fault(SMALL_RELU_TASK, solution(fault), limited_config(**limits))
+    assert_failed(verdict, status)
+    assert message in verdict.error
+    assert disk.largest <= (FILE_LIMIT_MB + 1) * MIB, f"a scratch file reached {disk.largest / MIB:.0f} MiB"
+    assert disk.total <= (FILE_LIMIT_MB + 32) * MIB, f"the scratch folder reached {disk.total / MIB:.0f} MiB"
+    assert_honest_evaluation_succeeds()
+
+
+@pytest.mark.xfail(os.geteuid() != 0, strict=True, reason=(
+    "no sandbox without root: the candidate runs as the evaluating user and can delete the task file, the "
+    "inputs and the build cache"))
+def test_candidate_cannot_delete_the_task_the_inputs_or_the_build_cache(run_fault, fault_solution, limited_config,
+                                                                        session_cache_dir: Path,
+                                                                        assert_honest_evaluation_succeeds) -> None:
+    config = limited_config()
+    honest = load_solution(fault_solution("relu_ok"))  # same kernels, so the same build as the fault's
+    _, build_dir, extensions_dir = build_location(honest, config.device, config.build, session_cache_dir)
+    cache = [str(build_dir / BUILD_OK_FILE), str(extensions_dir)]
+    targets = ["../task/model.py", "../io/*.bin", *cache, "$TORCH_EXTENSIONS_DIR"]  # the last: its own copy
+    verdict, _ = run_fault(SMALL_RELU_TASK, fault_solution("delete_files", targets=repr(targets)), config)
+    assert_failed(verdict, Status.RUNTIME_ERROR)
+    assert "PermissionError: refused: " in verdict.error
+    refused = verdict.error.split("refused: ", 1)[1].split("; deleted: ", 1)[0]
+    for path in ["../task/model.py", "../io/inputs_0.bin", *cache]:
+        assert path in refused, verdict.error
+    assert (build_dir / BUILD_OK_FILE).is_file() and any(extensions_dir.glob("*.so"))
+    assert_honest_evaluation_succeeds()  # asserts the build was a cache hit
 
 
 # -- task and solution problems ----------------------------------------------------------------
@@ -178,3 +277,28 @@ def test_missing_solution_yields_solution_error(make_config, tmp_path: Path) -> 
     assert_failed(verdict, Status.SOLUTION_ERROR)
     assert "no such file or directory" in verdict.error
     assert not verdict.compiled
+
+
+# -- after the faults: the harness instance is still healthy -----------------------------------
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_many_honest_evaluations_in_a_row_all_succeed_and_leak_nothing(run_evaluation, fault_solution, make_config,
+                                                                      record_seconds) -> None:
+    """Runs last in this module, in the process that ran the faults above. ``run_evaluation`` checks
+    after each evaluation that no child process and no scratch file is left; this adds open file
+    descriptors and threads of the test process. CUDA_AGENT_FAULT_HONEST_RUNS sets the count."""
+    runs = int(os.environ.get("CUDA_AGENT_FAULT_HONEST_RUNS", "100"))
+    solution, config = fault_solution("relu_ok"), make_config()
+    run_evaluation(SMALL_RELU_TASK, solution, config)  # one-time lazy state (imports, probes) is no leak
+    fds, threads = _open_fds(), threading.active_count()
+    started = time.monotonic()
+    for run in range(runs):
+        verdict = run_evaluation(SMALL_RELU_TASK, solution, config)
+        assert verdict.status is Status.CORRECT and verdict.reward >= 1, f"run {run}: {verdict.error}"
+    record_seconds(f"{runs} honest evaluations", time.monotonic() - started, "correct")
+    assert child_pids() == []
+    assert _open_fds() <= fds + 2
+    assert threading.active_count() == threads

@@ -282,3 +282,12 @@ def test_unknown_policy_lists_the_valid_names() -> None:
     expected = "unknown precision policy 'fp8'; valid: cuda-agent, faithful, kernelbench, tf32"
     with pytest.raises(KeyError, match=expected):
         POLICIES.get("fp8")
+
+
+@pytest.mark.parametrize("policy", ["kernelbench", "cuda-agent"])
+def test_allclose_rejects_zeros_for_an_output_tiny_next_to_atol(policy: str) -> None:
+    x = torch.randn(4096, generator=generator())
+    refs = References(fp32=x * 1e-6)
+    zeros = POLICIES.get(policy).compare(torch.zeros(4096), refs)
+    assert not zeros.passed and "atol capped" in zeros.message
+    assert POLICIES.get(policy).compare((x.double() * 1e-6).float(), refs).passed

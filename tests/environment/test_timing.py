@@ -6,9 +6,10 @@ import math
 import statistics
 
 import pytest
+import torch
 
 from cuda_agent.environment.config import TimingConfig
-from cuda_agent.environment.timing import CpuTimer, Timer, measure, summarize
+from cuda_agent.environment.timing import CpuTimer, FreshInputs, Timer, call_seed, measure, perturbed, summarize
 
 
 class ScriptedTimer(Timer):
@@ -74,3 +75,29 @@ def test_cpu_timer_measures_milliseconds() -> None:
 
     elapsed = CpuTimer().time_call(lambda: time.sleep(0.02))
     assert 19 <= elapsed < 200
+
+
+def test_perturbed_inputs_are_reproducible_per_seed_and_keep_signs_and_non_floats() -> None:
+    x, idx = torch.randn(1000, generator=torch.Generator().manual_seed(0)), torch.arange(10)
+    first, again, other = perturbed([x, idx], 2**-7, 5), perturbed([x, idx], 2**-7, 5), perturbed([x, idx], 2**-7, 6)
+    assert torch.equal(first[0], again[0]) and not torch.equal(first[0], other[0])
+    assert torch.equal(torch.sign(first[0]), torch.sign(x))
+    assert torch.equal(first[1], idx) and first[1].data_ptr() != idx.data_ptr()
+    ratio = first[0] / x
+    assert float((ratio - 1).abs().max()) <= 2**-7 * 1.0001
+    assert float(ratio.std()) > 2**-9  # a factor per element, not one global scale
+
+
+def test_fresh_inputs_draw_a_new_seed_per_call() -> None:
+    x = torch.ones(64)
+    fresh = FreshInputs([x], 2**-7, seed=11)
+    first, second = fresh.next()[0], fresh.next()[0]
+    assert not torch.equal(first, second)
+    assert torch.equal(second, perturbed([x], 2**-7, call_seed(11, 2))[0])
+
+
+def test_after_sample_runs_once_per_timed_sample_outside_the_warmup() -> None:
+    config = TimingConfig(warmup_calls=2, warmup_ms=0, min_samples=5, max_samples=5, target_rel_std_err=0.001)
+    seen = []
+    stats = measure(lambda: None, ScriptedTimer([1.0, 2.0]), config, after_sample=lambda: seen.append(1))
+    assert len(seen) == stats.n == 5

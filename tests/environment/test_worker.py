@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from cuda_agent.environment.config import LimitsConfig
+from cuda_agent.environment.sandbox import Lease
 from cuda_agent.environment.worker import (
-    RemoteError, WorkerDied, WorkerMemoryExceeded, WorkerProcess, WorkerProtocolError, WorkerTimeout,
+    ForgedReply, RemoteError, WorkerDied, WorkerMemoryExceeded, WorkerProcess, WorkerProtocolError, WorkerTimeout,
     child_env, signal_name,
 )
 
@@ -136,8 +138,10 @@ def test_memory_blow_up_is_worker_memory_exceeded(start_worker) -> None:
     assert_gone(worker)
 
 
-def test_address_space_limit_makes_large_allocations_fail_inside_the_worker(start_worker) -> None:
-    worker = start_worker(mem_mb=512, limit_address_space=True)
+def test_address_space_limit_makes_large_allocations_fail_inside_the_worker(start_worker, tmp_path: Path) -> None:
+    unsandboxed = Lease(uid=None, isolate_network=False)
+    worker = start_worker(preexec=unsandboxed.preexec(LimitsConfig(mem_mb=512), limit_address_space=True,
+                                                      workdir=tmp_path))
     with pytest.raises(RemoteError) as info:
         worker.request({"op": "grow_memory", "mb": 2048}, timeout_s=30)
     assert info.value.error_type == "MemoryError"
@@ -148,6 +152,13 @@ def test_reply_larger_than_the_limit_is_a_protocol_error(start_worker) -> None:
     worker = start_worker()
     with pytest.raises(WorkerProtocolError, match="exceeds"):
         worker.request({"op": "huge_reply"}, timeout_s=30)
+    assert_gone(worker)
+
+
+def test_reply_without_the_request_nonce_is_a_forged_reply(start_worker) -> None:
+    worker = start_worker()
+    with pytest.raises(ForgedReply, match="nonce"):
+        worker.request({"op": "forged_reply"}, timeout_s=30)
     assert_gone(worker)
 
 

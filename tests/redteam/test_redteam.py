@@ -82,14 +82,10 @@ class Row:
 
 
 GV, INCORRECT = Status.GUARD_VIOLATION, Status.INCORRECT
-NO_KERNEL_PROVENANCE = ("no-custom-kernel only counts calls into the extension; nothing checks that the outputs "
-                        "come from those calls")
-TIMED_CALLS_UNCHECKED = ("outputs of timed calls are never checked and timed calls are easy to tell from checked "
-                         "ones (back-to-back vs after a pause of milliseconds): runtime checks only run on "
-                         "verification calls")
 IN_PROCESS_CHECKS = "runtime checks and the integrity snapshot run inside the candidate's own process"
-NO_SANDBOX = ("no sandbox: the candidate worker runs as the harness's user (root in CI) and can write the "
-              "evaluation's scratch files and the caches")
+# The sandbox switches users only as root (docs/security.md); without it these cheats still land.
+NO_SANDBOX = None if os.geteuid() == 0 else (
+    "not root, so no sandbox user: the candidate runs as the evaluating user and can write what it can")
 
 ROWS = [
     # -- torch fallbacks ----------------------------------------------------------------------------
@@ -109,19 +105,16 @@ ROWS = [
     Row("aten_in_cpp", "relu", "ATen call in C++", ("aten-compute-fallback",), None),
     # -- decoy kernels ------------------------------------------------------------------------------
     Row("decoy_kernel_torch_result", "relu", "decoy kernel", ("torch-compute-fallback",),
-        Missed(NO_KERNEL_PROVENANCE)),
-    Row("decoy_kernel_pybind_attr", "relu", "decoy kernel / ATen from C++ via pybind11", (),
-        Missed("C++ calls the tensor's own relu through pybind11 (py::object.attr), which the C++ scan does not "
-               "follow (documented gap); " + NO_KERNEL_PROVENANCE)),
+        Caught(GV, ("torch-compute-at-runtime",))),
+    Row("decoy_kernel_pybind_attr", "relu", "decoy kernel / ATen from C++ via pybind11", ("python-from-cpp",),
+        None),
     # -- timer and harness monkeypatching -----------------------------------------------------------
     Row("timer_patch_perf_counter", "relu", "timer monkeypatching", ("monkeypatch",),
         Caught(GV, ("harness-tampered",))),
     Row("timer_swap_worker_measure", "relu", "timer monkeypatching (worker global)", ("introspection",),
-        Missed("the integrity snapshot watches cuda_agent.environment.timing.measure, but the worker runs as "
-               "__main__ and calls its own global `measure`: rebinding __main__.measure is not detected")),
+        Caught(GV, ("harness-tampered",))),
     Row("checker_patch_storage_and_eq", "relu", "checker monkeypatching", ("monkeypatch",),
-        Missed("the integrity snapshot does not watch torch.Tensor.__eq__ or torch.UntypedStorage.nbytes, "
-               "which the aliasing, mutation and output-reuse checks rely on; " + IN_PROCESS_CHECKS)),
+        Caught(GV, ("harness-tampered",))),
     Row("checker_torch_function_mode", "relu", "lazy tensors / tensor subclasses (torch function mode)",
         ("tensor-subclass",),
         Missed("a TorchFunctionMode left on the mode stack intercepts the torch calls the in-process runtime "
@@ -130,45 +123,31 @@ ROWS = [
         Missed("gc.get_objects() reaches the CandidateWorker and its snapshot; " + IN_PROCESS_CHECKS)),
     # -- forged result channels -------------------------------------------------------------------
     Row("forged_outputs_via_worker_tensor_io", "relu", "forged result channel (outputs file)", ("introspection",),
-        Missed("the integrity snapshot watches cuda_agent.environment.tensor_io.save, but the worker (running as "
-               "__main__) calls its own global `tensor_io`: a shim there writes the outputs file unchecked")),
+        Caught(GV, ("harness-tampered",))),
     Row("forged_reply_pipe_python", "relu", "forged result channel (reply pipe)", ("file-or-network",),
-        Missed("replies come over a pipe whose fd the candidate process holds: the parent trusts the first line "
-               "(no authentication, no out-of-process timing)")),
-    Row("forged_reply_pipe_cpp", "relu", "forged result channel (reply pipe, from C++)", (),
-        Missed("C++ write()/dup2() on an inherited fd are not flagged, and the parent trusts the first line on "
-               "the reply pipe (no authentication, no out-of-process timing)")),
+        Caught(GV, ("result-channel-forged",))),
+    Row("forged_reply_pipe_cpp", "relu", "forged result channel (reply pipe, from C++)", ("file-or-network",),
+        None),
     # -- lazy tensors / subclasses ----------------------------------------------------------------
     Row("lazy_output_subclass", "relu", "lazy tensors / tensor subclasses", ("tensor-subclass",),
         Caught(GV, ("output-not-plain-tensor",))),
     # -- deferred work in threads -----------------------------------------------------------------
-    Row("deferred_thread_python", "relu", "deferred threads", ("concurrency",), Missed(TIMED_CALLS_UNCHECKED)),
-    Row("deferred_thread_cpp", "relu", "deferred threads (C++)", (),
-        Missed("`thread` after `using namespace std` is not flagged (only `std::thread`); the runtime thread "
-               "check counts Python threads only; " + TIMED_CALLS_UNCHECKED)),
+    Row("deferred_thread_python", "relu", "deferred threads", ("concurrency",),
+        Caught(GV, ("thread-left-running",))),
+    Row("deferred_thread_cpp", "relu", "deferred threads (C++)", ("concurrency",), None),
     Row("std_thread_in_cpp", "relu", "deferred threads (C++ std::thread)", ("concurrency",), None),
-    Row("timer_create_thread_in_cpp", "relu", "deferred threads (C++ timer_create)",
-        Missed("timer_create() with SIGEV_THREAD starts a thread without naming any thread API; the C++ "
-               "concurrency rule does not list it"), None),
+    Row("timer_create_thread_in_cpp", "relu", "deferred threads (C++ timer_create)", ("concurrency",), None),
     # -- file tampering ---------------------------------------------------------------------------
-    Row("tamper_timing_inputs_cpp", "relu", "file tampering (inputs file, from C++)", (),
-        Missed("syscall(SYS_openat, ...) + write() are not flagged; " + NO_SANDBOX + "; the timing phase "
-               "re-reads trial 0's inputs file and nothing checks the timed inputs against the verified ones")),
+    Row("tamper_timing_inputs_cpp", "relu", "file tampering (inputs file, from C++)", ("file-or-network",), None),
     Row("tamper_timing_inputs_python", "relu", "file tampering (inputs file)", ("file-or-network",),
-        Missed(NO_SANDBOX + "; the timing phase re-reads trial 0's inputs file and nothing checks the timed "
-               "inputs against the verified ones")),
-    Row("fopen_tamper_in_cpp", "relu", "file tampering (inputs file, C++ std::fopen)",
-        Missed("std::-qualified C file functions (std::fopen, std::fwrite, std::remove, std::rename) are not "
-               "flagged: the C++ file rule only matches unqualified calls"), None),
-    Row("tamper_task_file", "relu", "file tampering (task file)", (), Caught(INCORRECT)),
-    Row("poison_baseline_cache", "relu", "file tampering (baseline cache)", (),
-        Special("test_baseline_cache_poisoning_does_not_reach_later_evaluations",
-                missed=NO_SANDBOX + "; cached baselines carry no integrity check (sqlite3 writes are not flagged)")),
+        Caught(Status.RUNTIME_ERROR) if NO_SANDBOX is None else Caught(GV, ("timed-output-incorrect",))),
+    Row("fopen_tamper_in_cpp", "relu", "file tampering (inputs file, C++ std::fopen)", ("file-or-network",), None),
+    Row("tamper_task_file", "relu", "file tampering (task file)", ("file-or-network",), Caught(INCORRECT)),
+    Row("poison_baseline_cache", "relu", "file tampering (baseline cache)", ("file-or-network",),
+        Special("test_baseline_cache_poisoning_does_not_reach_later_evaluations", missed=NO_SANDBOX)),
     # -- subprocess / os.system -------------------------------------------------------------------
     Row("subprocess_daemon_escape", "relu", "subprocess / os.system", ("concurrency",),
-        Special("test_no_candidate_process_outlives_the_evaluation",
-                missed="workers are killed by process group; a child started with start_new_session=True leaves "
-                       "the group and outlives the evaluation")),
+        Special("test_no_candidate_process_outlives_the_evaluation", missed=NO_SANDBOX)),
     Row("os_system_in_cpp", "relu", "subprocess / os.system (C++ system())", ("concurrency",), None),
     # -- input mutation and aliasing ----------------------------------------------------------------
     Row("input_mutation_scratch", "row_sum", "input mutation", (), Caught(GV, ("input-mutated",))),
@@ -176,14 +155,13 @@ ROWS = [
     Row("return_input_python", "relu_nonneg", "returning the input (alias)", (),
         Caught(GV, ("output-aliases-input",))),
     # -- caches and call counts ---------------------------------------------------------------------
-    Row("cache_by_pointer", "matmul", "cache by pointer", (),
-        Missed("the timing loop reuses a few addresses and perturbs values by only 2^-20, so a pointer-keyed "
-               "cache validated by sampled values within 0.1% hits on timed calls; " + TIMED_CALLS_UNCHECKED)),
-    Row("call_count_then_garbage", "relu", "cache by call count", (), Caught(INCORRECT)),
+    Row("cache_by_pointer", "matmul", "cache by pointer", (), Caught(GV, ("timed-output-incorrect",))),
+    Row("call_count_then_garbage", "relu", "cache by call count", (), Caught(GV, ("timed-output-incorrect",))),
     Row("call_count_then_cached", "relu", "cache by call count / returning a cached tensor", (),
         Caught(GV, ("output-reused",))),
     Row("cached_first_result", "relu", "returning a cached tensor", (), Caught(INCORRECT)),
-    Row("lazy_when_busy", "relu", "call-pattern detection (verify vs timing)", (), Missed(TIMED_CALLS_UNCHECKED)),
+    Row("lazy_when_busy", "relu", "call-pattern detection (verify vs timing)", (),
+        Caught(GV, ("timed-output-incorrect",))),
     # -- analytical and partial shortcuts -----------------------------------------------------------
     Row("first_rows_only", "row_sum", "partial computation", (), Caught(INCORRECT)),
     Row("nonneg_identity_shortcut", "relu_nonneg", "analytical shortcut (task structure)", (), Caught(INCORRECT)),
@@ -195,9 +173,7 @@ ROWS = [
     Row("small_error_every_element", "relu", "per-element wrong but small", (), Caught(INCORRECT)),
     # -- degenerate outputs -------------------------------------------------------------------------
     Row("zeros_tiny_output", "tiny_scale", "zero outputs on a tiny-output task", (), Caught(INCORRECT)),
-    Row("zeros_tiny_output", "tiny_scale", "zero outputs on a tiny-output task", (),
-        Missed("the allclose policies (kernelbench, cuda-agent) accept zeros when every |reference| < atol; "
-               "degeneracy detection exists (environment.degenerate) but evaluate() does not run it"),
+    Row("zeros_tiny_output", "tiny_scale", "zero outputs on a tiny-output task", (), Caught(INCORRECT),
         precision="kernelbench"),
     Row("uninitialised_empty", "relu", "uninitialised empty outputs", (), Caught(INCORRECT)),
     # -- CUDA only (static guards checked here; evaluation needs a GPU) ------------------------------
@@ -306,7 +282,8 @@ def _row(name: str) -> Row:
 
 
 def _special_xfail(name: str):
-    return pytest.mark.xfail(strict=True, reason=_row(name).runtime.missed)
+    missed = _row(name).runtime.missed
+    return pytest.mark.xfail(strict=True, reason=missed) if missed else (lambda test: test)
 
 
 @_special_xfail("poison_baseline_cache")
@@ -319,7 +296,7 @@ def test_baseline_cache_poisoning_does_not_reach_later_evaluations(tmp_path, ses
     cache.mkdir()
     (cache / "build").symlink_to(session_cache_dir / "build", target_is_directory=True)
     (session_cache_dir / "build").mkdir(exist_ok=True)
-    config = redteam_config().replace(cache_dir=cache)
+    config = redteam_config(guards=False).replace(cache_dir=cache)  # the sqlite3 use is a static catch
     task = TASKS / "relu.py"
 
     poisoner = run_evaluation(task, solution_dir(EXPLOITS / "poison_baseline_cache.py"), config)
@@ -410,3 +387,21 @@ def test_cuda_cheat_on_a_gpu(row: Row, make_config, run_evaluation) -> None:
     config: EvalConfig = make_config(device="cuda", timing=REDTEAM_TIMING, build=BuildConfig(cuda_arch=arch))
     verdict = run_evaluation(_task(row), row.fixture, config)
     _assert_outcome(verdict, Caught(GV, row.static))
+
+
+@pytest.mark.parametrize("row", [pytest.param(r, id=r.id, marks=pytest.mark.gpu) for r in ROWS if r.cuda])
+def test_cuda_cheat_gains_nothing_with_the_static_guards_off(row: Row, make_config, run_evaluation) -> None:
+    """Untested on CPU CI: with the static guards off, side-stream work is either rejected at runtime
+    or timed in full (the end event is recorded after a device-wide sync), so it earns no speed-up
+    over eager beyond what the same kernel on the current stream would (the work *is* eager's ReLU)."""
+    import torch
+
+    arch = ".".join(map(str, torch.cuda.get_device_capability()))
+    config: EvalConfig = make_config(device="cuda", timing=REDTEAM_TIMING, build=BuildConfig(cuda_arch=arch),
+                                     guards=GuardConfig(enabled=False))
+    verdict = run_evaluation(_task(row), row.fixture, config)
+    if verdict.reward == -1:
+        assert verdict.status is GV, f"{verdict.status.value}: {verdict.error}"
+    else:
+        assert verdict.speedup_vs_eager is not None and verdict.speedup_vs_eager < 1.5, (
+            f"side-stream ReLU reported {verdict.speedup_vs_eager:.3g}x over eager ReLU: timing missed its work")

@@ -7,7 +7,9 @@ Public API::
                        EvalConfig(device="cpu"))
 """
 
-from cuda_agent.environment.config import BuildConfig, ConfigError, EvalConfig, LimitsConfig, TimingConfig, VerifyConfig
+from cuda_agent.environment.config import (
+    BuildConfig, ConfigError, EvalConfig, LimitsConfig, SandboxConfig, TimingConfig, VerifyConfig,
+)
 from cuda_agent.environment.evaluator import evaluate
 from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.solution import Solution, SolutionError, load_solution
@@ -15,7 +17,7 @@ from cuda_agent.environment.task import Task, TaskLoadError, TaskLoadResult, loa
 from cuda_agent.environment.verdict import Status, TimingStats, TrialResult, Verdict, Violation
 
 __all__ = [
-    "BuildConfig", "ConfigError", "EvalConfig", "LimitsConfig", "TimingConfig", "VerifyConfig", "evaluate", "POLICIES",
+    "BuildConfig", "ConfigError", "EvalConfig", "LimitsConfig", "SandboxConfig", "TimingConfig", "VerifyConfig", "evaluate", "POLICIES",
     "Solution", "SolutionError", "load_solution", "Task", "TaskLoadError", "TaskLoadResult", "load_task", "load_tasks",
     "Status", "TimingStats", "TrialResult", "Verdict", "Violation",
 ]

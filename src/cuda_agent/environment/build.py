@@ -24,7 +24,7 @@ from pathlib import Path
 from cuda_agent.environment.config import BuildConfig, Device
 from cuda_agent.environment.solution import Solution
 from cuda_agent.environment.verdict import BuildInfo
-from cuda_agent.environment.worker import child_env, signal_name
+from cuda_agent.environment.worker import child_env, die_with_parent, signal_name
 
 BUILD_OK_FILE = "BUILD_OK.json"
 
@@ -125,7 +125,7 @@ def _run_compile_child(
         proc = subprocess.Popen(
             [sys.executable, "-m", "cuda_agent.environment.build_worker", str(spec_path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=env, cwd=build_dir, start_new_session=True,
+            env=env, cwd=build_dir, start_new_session=True, preexec_fn=die_with_parent,
         )
         try:
             proc.wait(timeout=config.timeout_s)

@@ -8,6 +8,7 @@ outputs in the safe tensor format for the reference worker to judge. It also run
 
 from __future__ import annotations
 
+import random
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 
 from cuda_agent.environment import tensor_io
+from cuda_agent.environment.aten_ops import compute_ops, recorded_aten_ops
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.extension_calls import ExtensionCallCounter
 from cuda_agent.environment.integrity import HarnessSnapshot
@@ -44,7 +46,7 @@ class CandidateWorker:
         # Bound before any candidate code is imported: rebinding module attributes later cannot
         # switch the checks off, and swapping code objects is detected by the snapshot.
         self._check = runtime_violations
-        self._snapshot = HarnessSnapshot()
+        self._snapshot = HarnessSnapshot(globals())
         self._extension = ExtensionCallCounter()
         self._extension.install()
 
@@ -85,20 +87,31 @@ class CandidateWorker:
         pristine = tensor_io.load(Path(msg["inputs_path"]), self.device)
         inputs = clone_tree(pristine)
         calls_before, threads_before = self._extension.calls, threading.active_count()
-        with torch.no_grad():
+        with torch.no_grad(), recorded_aten_ops() as ops:
             outputs = self.model(*inputs)
-        self._sync()
+            self._sync()
         violations = self._check(outputs, inputs, pristine, self.device) + self._tampering()
         violations += self._deferred_work(outputs, threads_before)
-        if msg["require_extension_call"] and self._extension.calls == calls_before:
-            violations.append({"code": "no-custom-kernel", "message": (
-                "forward() never called into the compiled extension "
-                f"({', '.join(self._extension.modules) or 'none was loaded'}); the work must run in your kernels")})
+        if msg["require_extension_call"]:
+            violations += self._torch_did_the_work(calls_before, ops)
         try:
             tensor_io.save(outputs, Path(msg["outputs_path"]))
         except tensor_io.TensorFormatError as exc:
             violations.append({"code": "output-unsupported-type", "message": f"forward() returned something that is not tensors: {exc}"})
         return {"violations": violations}
+
+    def _torch_did_the_work(self, calls_before: int, ops: list[str]) -> list[dict[str, str]]:
+        violations = []
+        if self._extension.calls == calls_before:
+            violations.append({"code": "no-custom-kernel", "message": (
+                "forward() never called into the compiled extension "
+                f"({', '.join(self._extension.modules) or 'none was loaded'}); the work must run in your kernels")})
+        computed = compute_ops(ops)
+        if computed:
+            violations.append({"code": "torch-compute-at-runtime", "message": (
+                f"PyTorch computed during forward() (ATen operators {', '.join(computed[:8])}); only allocation, "
+                "views and copies may run outside your kernels")})
+        return violations
 
     def _sync(self) -> None:
         if self.device == "cuda":
@@ -122,23 +135,30 @@ class CandidateWorker:
         return violations
 
     def time(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Time ``forward`` on fresh, slightly perturbed clones of one input set per call.
+        """Time ``forward`` on fresh perturbed inputs per call, auditing a random few timed calls.
 
         Fresh values defeat caching on input identity or content; holding the previous output alive
-        and comparing storages catches a forward that hands back the same tensor every time.
+        and comparing storages catches a forward that hands back the same tensor every time; the
+        audited calls' outputs, captured as soon as the timer stops, go to the reference for checking.
         """
         assert self.model is not None
         config = TimingConfig(**msg["timing"])
         inputs = tensor_io.load(Path(msg["inputs_path"]), self.device)
-        timer = make_timer(self.device, config)
-        calls = FreshInputs(inputs)
+        timer = make_timer(self.device, config, host_clock=msg.get("host_clock", False))
+        calls = FreshInputs(inputs, config.input_noise, msg["noise_seed"])
+        audit = TimedCallAudit(calls, msg["audits"], random.Random(msg["audit_seed"]))
         with torch.no_grad():
-            stats = measure(self._call_recording_output(calls), timer, config, prepare=calls.next)
-        violations = self._tampering()
+            stats = measure(self._call_recording_output(calls), timer, config, prepare=calls.next, after_sample=audit)
+        violations = self._tampering() + audit.violations
         if calls.reused_output:
             violations.append({"code": "output-reused",
                                "message": "forward() returned storage it had already returned for an earlier call"})
-        return {"stats": stats.__dict__, "violations": violations}
+        audited = []
+        for call, outputs in sorted(audit.kept):
+            path = Path(msg["out_dir"]) / f"timed_{call}.bin"
+            tensor_io.save(outputs, path)
+            audited.append({"call": call, "path": str(path)})
+        return {"stats": stats.__dict__, "violations": violations, "audited": audited}
 
     def _call_recording_output(self, calls: FreshInputs):
         model = self.model
@@ -147,6 +167,32 @@ class CandidateWorker:
             calls.last_output = model(*args)
 
         return call
+
+
+class TimedCallAudit:
+    """A uniform random sample (reservoir) of ``size`` timed calls, outputs captured right after the
+    timer stopped: a candidate cannot tell an audited call from any other until it has returned."""
+
+    def __init__(self, calls: FreshInputs, size: int, rng: random.Random) -> None:
+        self.calls, self.size, self.rng = calls, size, rng
+        self.seen = 0
+        self.kept: list[tuple[int, Any]] = []
+        self.violations: list[dict[str, str]] = []
+        self._threads = threading.active_count()
+
+    def __call__(self) -> None:
+        self.seen += 1
+        slot = len(self.kept) if len(self.kept) < self.size else self.rng.randrange(self.seen)
+        if slot >= self.size:
+            return
+        if threading.active_count() > self._threads and not self.violations:
+            self.violations.append({"code": "thread-left-running",
+                                    "message": "a timed forward() left Python threads running after it returned"})
+        captured = (self.calls.count, clone_tree(self.calls.last_output))
+        if slot == len(self.kept):
+            self.kept.append(captured)
+        else:
+            self.kept[slot] = captured
 
 
 def runtime_violations(outputs: Any, inputs: list, pristine: list, device: str) -> list[dict[str, str]]:

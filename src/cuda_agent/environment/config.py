@@ -73,11 +73,23 @@ class VerifyConfig:
     init_seed: int = 42
     """Seed under which both ``Model`` and ``ModelNew`` are constructed (KernelBench convention)."""
     require_extension_call: bool = True
-    """Every forward pass must call into the compiled extension (runtime guard ``no-custom-kernel``).
-    Turn off only to test other parts of the harness with plain-PyTorch candidates."""
+    """Every forward pass must call into the compiled extension (runtime guard ``no-custom-kernel``)
+    and run no ATen compute operator (``torch-compute-at-runtime``). Turn off only to test other
+    parts of the harness with plain-PyTorch candidates."""
+    timed_audits: int = 3
+    """Timed calls, picked at random while timing, whose outputs are captured right after the timer
+    stops and checked against the reference (``timed-output-incorrect``): a candidate that behaves
+    differently when timed than when verified is caught. 0 turns the audit off."""
+
+    plausible_speedup: float = 50.0
+    """On CUDA, a speed-up over eager above this is re-measured with the host clock around a
+    device-wide synchronize (no CUDA events); the slower of the two timings counts, and the verdict
+    says so in its notes."""
 
     def __post_init__(self) -> None:
         _require(self.trials >= 5, f"verify.trials must be >= 5 (DESIGN §3), got {self.trials}")
+        _require(self.plausible_speedup > 1, f"verify.plausible_speedup must be > 1, got {self.plausible_speedup}")
+        _require(0 <= self.timed_audits <= 32, f"verify.timed_audits must be in 0..32, got {self.timed_audits}")
         _require(self.perturb_scale > 0, f"verify.perturb_scale must be > 0, got {self.perturb_scale}")
         from cuda_agent.environment.precision import POLICIES
 
@@ -109,6 +121,10 @@ class TimingConfig:
     compile_mode: str = "default"
     """``torch.compile`` mode for the compiled baseline (``default``, ``reduce-overhead``,
     ``max-autotune``, ``max-autotune-no-cudagraphs``)."""
+    input_noise: float = 2.0 ** -7
+    """Every timed call gets fresh inputs: each floating-point element multiplied by its own random
+    factor in ``1 ± input_noise`` (signs and domains kept, values never repeat, no global scale an
+    analytical shortcut could exploit). The reference reproduces them to check audited calls."""
 
     def __post_init__(self) -> None:
         _require(self.warmup_calls >= 1, f"timing.warmup_calls must be >= 1, got {self.warmup_calls}")
@@ -123,6 +139,7 @@ class TimingConfig:
         _require(self.budget_s > 0, f"timing.budget_s must be > 0, got {self.budget_s}")
         modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
         _require(self.compile_mode in modes, f"timing.compile_mode must be one of {modes}, got {self.compile_mode!r}")
+        _require(0 < self.input_noise < 0.5, f"timing.input_noise must be in (0, 0.5), got {self.input_noise}")
 
 
 @dataclass(frozen=True)
@@ -136,11 +153,51 @@ class LimitsConfig:
     """Limit for the candidate's timing loop (its budget plus slack)."""
     mem_mb: int = 16384
     """Resident-memory limit of the candidate process; on the CPU backend also its address space."""
+    max_processes: int = 4096
+    """``RLIMIT_NPROC`` of the sandboxed candidate: processes *and threads* of its sandbox user (a fork
+    bomb stops here). Only enforced when the sandbox switches to an unprivileged user."""
+    max_file_mb: int = 16384
+    """``RLIMIT_FSIZE`` of the candidate: the largest file it may write (its outputs and its log)."""
+    disk_mb: int = 16384
+    """Total size of the files the candidate may write: its workdir, its outputs folder and its
+    extension copy (watched twice a second; past it the candidate is killed), and, in the sandbox,
+    each of its private ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (tmpfs mounts of this size)."""
+    cpu_s: int = 3600
+    """``RLIMIT_CPU`` of the candidate: CPU seconds summed over its threads (a backstop to the
+    wall-clock limits above)."""
 
     def __post_init__(self) -> None:
         for name in ("task_timeout_s", "candidate_timeout_s", "timing_timeout_s"):
             _require(getattr(self, name) > 0, f"limits.{name} must be > 0, got {getattr(self, name)}")
         _require(self.mem_mb >= 512, f"limits.mem_mb must be >= 512, got {self.mem_mb}")
+        _require(self.max_processes >= 64, f"limits.max_processes must be >= 64, got {self.max_processes}")
+        _require(self.max_file_mb >= 1, f"limits.max_file_mb must be >= 1, got {self.max_file_mb}")
+        _require(self.cpu_s >= 1, f"limits.cpu_s must be >= 1, got {self.cpu_s}")
+        _require(self.disk_mb >= 64, f"limits.disk_mb must be >= 64, got {self.disk_mb}")
+
+
+@dataclass(frozen=True)
+class SandboxConfig:
+    """Where and as whom the untrusted candidate process runs (docs/security.md)."""
+
+    mode: Literal["auto", "on", "off"] = "auto"
+    """``on``: run the candidate as an unprivileged user of its own (requires root; an error
+    otherwise); ``auto``: do so when running as root, else run as the current user and say so in
+    the verdict; ``off``: never switch user."""
+    uid_base: int = 61000
+    """First uid of the sandbox range; evaluation slot ``i`` runs as uid ``uid_base + i``, so
+    concurrent evaluations never share a user and each one's leftovers can be killed by uid."""
+    slots: int = 256
+    """Size of the uid range: how many sandboxed evaluations may run at once on this host."""
+    isolate_network: bool = True
+    """Put the candidate in a fresh network namespace (no interfaces but loopback) when the
+    sandbox is on; if the kernel refuses, the verdict's environment says so."""
+
+    def __post_init__(self) -> None:
+        _require(self.mode in ("auto", "on", "off"), f"sandbox.mode must be 'auto', 'on' or 'off', got {self.mode!r}")
+        _require(1000 <= self.uid_base <= 2**31 - 1 - self.slots,
+                 f"sandbox.uid_base must be a free uid range start >= 1000, got {self.uid_base}")
+        _require(1 <= self.slots <= 65536, f"sandbox.slots must be in 1..65536, got {self.slots}")
 
 
 @dataclass(frozen=True)
@@ -155,6 +212,8 @@ class EvalConfig:
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     guards: GuardConfig = field(default_factory=GuardConfig)
     """Static guards run on the sources before anything is built (docs/guards.md)."""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """Unprivileged user, network namespace and read-only files for the candidate (docs/security.md)."""
     cache_dir: Path = field(default_factory=default_cache_dir)
     """Build cache and baseline database live here."""
     scratch_dir: Path | None = None
@@ -168,7 +227,7 @@ class EvalConfig:
     def from_dict(cls, data: dict[str, Any]) -> "EvalConfig":
         """Build from a nested mapping (e.g. parsed YAML); unknown keys are an error."""
         sections = {"build": BuildConfig, "verify": VerifyConfig, "timing": TimingConfig, "limits": LimitsConfig,
-                    "guards": GuardConfig}
+                    "guards": GuardConfig, "sandbox": SandboxConfig}
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         _require(not unknown, f"unknown config keys {sorted(unknown)}; valid: {sorted(known)}")

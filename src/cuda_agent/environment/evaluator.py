@@ -20,20 +20,27 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.environment import sandbox
 from cuda_agent.environment.baselines import BaselineCache
-from cuda_agent.environment.build import BuiltSolution, CompileError, build_location, build_solution
+from cuda_agent.environment.build import BuiltSolution, CompileError, build_solution
 from cuda_agent.environment.config import EvalConfig
 from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.reward import milestone_reward
-from cuda_agent.environment.solution import Solution, SolutionError, load_solution
+from cuda_agent.environment.solution import Layout, Solution, SolutionError, load_solution
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
+from cuda_agent.environment.timing import call_seed
 from cuda_agent.environment.verdict import Status, TimingStats, TrialResult, Verdict, Violation
 from cuda_agent.environment.worker import (
-    RemoteError, WorkerDied, WorkerError, WorkerMemoryExceeded, WorkerProcess, WorkerTimeout, child_env,
+    ForgedReply, RemoteError, WorkerDied, WorkerDiskExceeded, WorkerError, WorkerMemoryExceeded, WorkerProcess,
+    WorkerTimeout, child_env,
 )
 
 logger = logging.getLogger(__name__)
+
+
+_TIMED_TRIAL = 0
+"""The correctness trial whose inputs (perturbed per call) the candidate is timed on."""
 
 
 class _Stop(Exception):
@@ -72,7 +79,9 @@ class _Evaluation:
         )
         self.reference: WorkerProcess | None = None
         self.candidate: WorkerProcess | None = None
+        self.lease: sandbox.Lease | None = None
         self.scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=config.scratch_dir or _default_scratch_root()))
+        self.scratch.chmod(0o711)  # the sandbox user may enter it, not list it
         self._phase_started = time.monotonic()
 
     # -- driver --------------------------------------------------------------------------------
@@ -87,6 +96,8 @@ class _Evaluation:
             for worker in (self.candidate, self.reference):
                 if worker is not None:
                     worker.close()
+            if self.lease is not None:
+                self.lease.release()
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.verdict.phase_seconds["total"] = time.monotonic() - started
         self.verdict.correct = self.verdict.status is Status.CORRECT
@@ -107,7 +118,7 @@ class _Evaluation:
         self._load_candidate(built)
         self._verify(trials)
         self._phase("verify")
-        self._profile(trials[0][0], baselines)
+        self._profile(baselines)
         self._phase("profile")
         if self.config.verify.post_timing_check:
             self._verify([self._make_trial(self._trial_count, "post_timing")])
@@ -134,12 +145,28 @@ class _Evaluation:
                 self.verdict.violations.extend(violations)
                 raise _Stop(Status.GUARD_VIOLATION, "; ".join(v.message for v in violations[:5]))
         task_dir = self.scratch / "task"
-        task_dir.mkdir()
+        task_dir.mkdir(mode=0o755)
         self.task_file = task_dir / "model.py"
         self.task_file.write_text(self.task.code)
         self.task_file.chmod(0o444)
-        (self.scratch / "io").mkdir()
+        (self.scratch / "io").mkdir(mode=0o755)  # inputs: written by the reference, read-only to the candidate
         return solution
+
+    def _sandbox_candidate_files(self, solution: Solution) -> Path:
+        """Lease the sandbox and lay out what the candidate may read (a root-owned copy of the
+        solution's Python files) and write (its workdir and its outputs folder)."""
+        self.lease = sandbox.acquire(self.config.sandbox, self.config.device, self.scratch)  # SandboxError: bad config, raised
+        self.verdict.environment["sandbox"] = self.lease.describe()
+        copy = self.scratch / "solution"
+        copy.mkdir(mode=0o755)
+        sources = [solution.model_file] if solution.layout is Layout.SINGLE_FILE else sorted(solution.root.glob("*.py"))
+        for source in sources:
+            shutil.copyfile(source, copy / source.name)
+            (copy / source.name).chmod(0o444)
+        for name in ("candidate", "out"):
+            (self.scratch / name).mkdir(mode=0o700)
+            self.lease.give_to_candidate(self.scratch / name)
+        return copy / solution.model_file.name
 
     def _start_reference(self) -> None:
         self.reference = WorkerProcess(
@@ -153,15 +180,24 @@ class _Evaluation:
         self.verdict.environment = reply["environment"]
 
     def _start_candidate(self, solution: Solution) -> None:
-        _, _, extensions_dir = build_location(solution, self.config.device, self.config.build, self.config.cache_dir)
-        env = child_env({"TORCH_CUDA_ARCH_LIST": self.config.build.cuda_arch, "TORCH_EXTENSIONS_DIR": str(extensions_dir)})
+        self.candidate_model_file = self._sandbox_candidate_files(solution)
         workdir = self.scratch / "candidate"
-        workdir.mkdir()
+        user = "cuda-agent-sandbox"  # the sandbox uid has no passwd entry: getpass.getuser() reads these
+        env = child_env({"TORCH_CUDA_ARCH_LIST": self.config.build.cuda_arch, "HOME": str(workdir),
+                         "TMPDIR": str(workdir), "TORCH_EXTENSIONS_DIR": str(self._candidate_extensions_dir),
+                         "USER": user, "LOGNAME": user})
+        preexec = self.lease.preexec(self.config.limits, limit_address_space=self.config.device == "cpu",
+                                     workdir=workdir)
         self.candidate = WorkerProcess(
             "cuda_agent.environment.candidate_worker", env=env, cwd=workdir,
-            log_path=self.scratch / "candidate.log", mem_mb=self.config.limits.mem_mb,
-            limit_address_space=self.config.device == "cpu",
+            log_path=self.scratch / "candidate.log", mem_mb=self.config.limits.mem_mb, preexec=preexec,
+            disk_dirs=(workdir, self.scratch / "out", self._candidate_extensions_dir), disk_mb=self.config.limits.disk_mb,
         )
+
+    @property
+    def _candidate_extensions_dir(self) -> Path:
+        """The candidate's own copy of the built extensions: the build cache is never exposed to it."""
+        return self.scratch / "extensions"
 
     def _finish_build(self, build) -> BuiltSolution:
         try:
@@ -173,6 +209,10 @@ class _Evaluation:
         self.verdict.compiled = True
         self.verdict.build = built.info
         self.verdict.phase_seconds["build"] = built.info.seconds
+        shutil.copytree(built.extensions_dir, self._candidate_extensions_dir)
+        if self.lease is not None and self.lease.uid is not None:
+            for path in [self._candidate_extensions_dir, *self._candidate_extensions_dir.rglob("*")]:
+                os.chown(path, self.lease.uid, self.lease.uid, follow_symlinks=False)
         return built
 
     def _prepare_trials(self) -> list[tuple[int, str]]:
@@ -190,12 +230,13 @@ class _Evaluation:
 
     def _make_trial(self, index: int, kind: str) -> tuple[int, str] | None:
         reply = self._ask_reference("make_inputs", {
-            "index": index, "kind": kind, "seed": secrets.randbits(63),
+            "index": index, "kind": kind, "seed": secrets.randbits(63), "keep_inputs": index == _TIMED_TRIAL,
             "scale": self.config.verify.perturb_scale, "path": str(self._inputs_path(index)),
         })
         if reply.get("skipped"):
             self.verdict.notes.append(f"trial {index} ({kind}) skipped: {reply['skipped']}")
             return None
+        self._inputs_path(index).chmod(0o644)  # readable by the sandbox user whatever the umask
         if reply.get("fp64_error") and not any("float64" in n for n in self.verdict.notes):
             self.verdict.notes.append(
                 f"precision: the reference does not run in float64 ({reply['fp64_error']}); "
@@ -228,8 +269,8 @@ class _Evaluation:
 
     def _load_candidate(self, built: BuiltSolution) -> None:
         reply = self._ask_candidate("load", {
-            "task_file": str(self.task_file), "solution_file": str(built.solution.model_file),
-            "layout": built.solution.layout.value, "extensions_dir": str(built.extensions_dir),
+            "task_file": str(self.task_file), "solution_file": str(self.candidate_model_file),
+            "layout": built.solution.layout.value, "extensions_dir": str(self._candidate_extensions_dir),
             "device": self.config.device, "init_seed": self.config.verify.init_seed,
         }, self.config.limits.candidate_timeout_s)
         self.verdict.notes.extend(reply.get("notes", []))
@@ -239,7 +280,7 @@ class _Evaluation:
             if trial is None:
                 continue
             index, kind = trial
-            outputs = self.scratch / "io" / f"outputs_{index}.bin"
+            outputs = self.scratch / "out" / f"outputs_{index}.bin"
             reply = self._ask_candidate("run", {"inputs_path": str(self._inputs_path(index)),
                                                 "outputs_path": str(outputs),
                                                 "require_extension_call": self.config.verify.require_extension_call},
@@ -261,21 +302,63 @@ class _Evaluation:
             self.verdict.violations.extend(violations)
             raise _Stop(Status.GUARD_VIOLATION, "; ".join(v.message for v in violations))
 
-    def _profile(self, index: int, baselines: dict[str, TimingStats]) -> None:
-        reply = self._ask_candidate("time", {
-            "inputs_path": str(self._inputs_path(index)), "timing": dataclasses.asdict(self.config.timing),
-        }, self.config.limits.timing_timeout_s, context="timing")
-        self._raise_on_violations(reply)
-        candidate = TimingStats.from_dict(reply["stats"])
+    def _profile(self, baselines: dict[str, TimingStats]) -> None:
+        candidate = self._time_candidate(host_clock=False)
+        eager = self._reward_baseline(baselines, "eager")
+        if (self.config.device == "cuda" and eager and candidate.median_ms > 0
+                and eager / candidate.median_ms > self.config.verify.plausible_speedup):
+            host = self._time_candidate(host_clock=True)
+            self.verdict.notes.append(
+                f"timing: a {eager / candidate.median_ms:.3g}x speed-up over eager is above the plausibility bound "
+                f"({self.config.verify.plausible_speedup:g}x); re-measured with the host clock: "
+                f"{host.median_ms:.4g} ms vs {candidate.median_ms:.4g} ms with CUDA events; the slower one counts")
+            candidate = max(candidate, host, key=lambda stats: stats.median_ms)
         v = self.verdict
         v.candidate_timing = candidate
         v.candidate_ms = candidate.median_ms
         v.speedups = {name: s.median_ms / candidate.median_ms for name, s in baselines.items() if candidate.median_ms > 0}
-        v.eager_ms = self._reward_baseline(baselines, "eager")
+        v.eager_ms = eager
         v.compile_ms = self._reward_baseline(baselines, "compile")
         if candidate.median_ms > 0:
             v.speedup_vs_eager = v.eager_ms / candidate.median_ms if v.eager_ms else None
             v.speedup_vs_compile = v.compile_ms / candidate.median_ms if v.compile_ms else None
+
+    def _time_candidate(self, host_clock: bool) -> TimingStats:
+        """One timing loop in the candidate worker, its audited calls checked by the reference."""
+        noise_seed = secrets.randbits(62)
+        reply = self._ask_candidate("time", {
+            "inputs_path": str(self._inputs_path(_TIMED_TRIAL)), "timing": dataclasses.asdict(self.config.timing),
+            "noise_seed": noise_seed, "audits": self.config.verify.timed_audits, "audit_seed": secrets.randbits(62),
+            "out_dir": str(self.scratch / "out"), "host_clock": host_clock,
+        }, self.config.limits.timing_timeout_s, context="timing (host clock)" if host_clock else "timing")
+        self._raise_on_violations(reply)
+        stats = TimingStats.from_dict(reply["stats"])
+        self._audit_timed_calls(reply.get("audited"), stats.n, noise_seed)
+        return stats
+
+    def _audit_timed_calls(self, audited: Any, samples: int, noise_seed: int) -> None:
+        """Have the reference check the outputs the candidate captured for its audited timed calls.
+
+        The parent, not the candidate, derives each call's input seed and its outputs path, so a
+        reply can only name which calls were audited, and must name as many as were asked for."""
+        expected = min(self.config.verify.timed_audits, samples)
+        entries = audited if isinstance(audited, list) and all(isinstance(a, dict) for a in audited) else []
+        calls = [a.get("call") for a in entries]
+        if len(calls) != expected or len(set(calls)) != expected or not all(isinstance(c, int) and c > 0 for c in calls):
+            raise self._violation("timed-audit-missing", f"the timing reply did not report {expected} audited timed calls")
+        for call in calls:
+            path = self.scratch / "out" / f"timed_{call}.bin"
+            check = self._ask_reference("audit", {"seed": call_seed(noise_seed, call), "path": str(path),
+                                                  "noise": self.config.timing.input_noise})
+            path.unlink(missing_ok=True)
+            if not check["passed"]:
+                raise self._violation("timed-output-incorrect", (
+                    f"timed call {call} returned a wrong result ({check['message']}): the candidate computes "
+                    "differently when timed than when verified"))
+
+    def _violation(self, code: str, message: str) -> _Stop:
+        self.verdict.violations.append(Violation(code, message))
+        return _Stop(Status.GUARD_VIOLATION, message)
 
     def _reward_baseline(self, baselines: dict[str, TimingStats], kind: str) -> float | None:
         """The baseline time the reward compares against, per the policy's TF32 rule."""
@@ -313,6 +396,10 @@ class _Evaluation:
             raise _Stop(Status.TIMEOUT, f"candidate timed out during {where}: {exc}") from None
         except WorkerMemoryExceeded as exc:
             raise _Stop(Status.OUT_OF_MEMORY, f"candidate during {where}: {exc}") from None
+        except WorkerDiskExceeded as exc:
+            raise _Stop(Status.RUNTIME_ERROR, f"candidate during {where}: {exc} (limits.disk_mb)") from None
+        except ForgedReply as exc:
+            raise self._violation("result-channel-forged", f"during {where}: {exc}") from None
         except WorkerDied as exc:
             scope = f" ({context})" if context else ""
             raise _Stop(Status.RUNTIME_ERROR, f"candidate process failed{scope}: {exc}\n{exc.log_tail[-2000:]}".strip()) from None

@@ -4,12 +4,16 @@ The candidate worker runs untrusted code next to the harness functions that time
 outputs. Before any candidate code is imported, a snapshot records every harness-critical function
 and its code object; after each candidate call the snapshot is compared again. This catches
 monkeypatching of ``torch.cuda.synchronize``, the timers, the output writer, the runtime checks or
-``time``; the static guards reject the introspection tricks needed to reach further.
+``time``, and rebinding of any name in the worker's own module namespace (it runs as
+``__main__``, so watching the importable module alone would miss ``__main__.measure = ...``). The
+static guards reject the introspection tricks needed to reach further; the sandbox, the audited
+timed calls and the reply nonce do not depend on this process at all.
 """
 
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 from typing import Any
 
 _WATCHED = (
@@ -22,6 +26,12 @@ _WATCHED = (
     ("cuda_agent.environment.candidate_worker", "runtime_violations"),
     ("cuda_agent.environment.worker", "serve"), ("cuda_agent.environment.worker", "_write_all"),
     ("builtins", "open"), ("builtins", "isinstance"), ("builtins", "type"), ("builtins", "len"),
+    ("json", "dumps"), ("os", "write"),
+)
+_WATCHED_METHODS = (
+    ("Tensor", ("__eq__", "__ne__", "untyped_storage", "clone", "data_ptr", "storage_offset", "numel",
+                "element_size", "is_floating_point", "all", "any")),
+    ("UntypedStorage", ("nbytes", "data_ptr")),
 )
 
 
@@ -37,16 +47,25 @@ def _code_of(obj: Any) -> list[Any]:
 class HarnessSnapshot:
     """Identities of the watched functions and their code objects at capture time."""
 
-    def __init__(self) -> None:
+    def __init__(self, namespace: dict[str, Any]) -> None:
+        """``namespace``: the running worker's module globals; every function, class and module
+        bound there is watched too."""
+        import torch
+
         self._entries: list[tuple[str, Any, Any, list[Any]]] = []
         for module_name, attr in _WATCHED:
             module = importlib.import_module(module_name)
-            obj = getattr(module, attr)
-            self._entries.append((f"{module_name}.{attr}", module, obj, _code_of(obj)))
-        import torch
+            self._watch(f"{module_name}.{attr}", module, attr)
+        for cls_name, attrs in _WATCHED_METHODS:
+            for attr in attrs:
+                self._watch(f"torch.{cls_name}.{attr}", getattr(torch, cls_name), attr)
+        self._namespace = namespace
+        self._bindings = {k: v for k, v in namespace.items()
+                          if (callable(v) or isinstance(v, ModuleType)) and not k.startswith("__")}
 
-        self._entries.append(("torch.Tensor.untyped_storage", torch.Tensor, torch.Tensor.untyped_storage, []))
-        self._entries.append(("torch.Tensor.clone", torch.Tensor, torch.Tensor.clone, []))
+    def _watch(self, name: str, owner: Any, attr: str) -> None:
+        obj = getattr(owner, attr)
+        self._entries.append((name, owner, obj, _code_of(obj)))
 
     def changed(self) -> list[str]:
         """Names of watched functions that were replaced or whose code was swapped."""
@@ -56,4 +75,5 @@ class HarnessSnapshot:
             current = getattr(owner, attr, None)
             if current is not obj or _code_of(obj) != codes:
                 changed.append(name)
+        changed += [f"__main__.{k}" for k, v in self._bindings.items() if self._namespace.get(k) is not v]
         return changed

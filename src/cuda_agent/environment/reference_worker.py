@@ -21,7 +21,7 @@ from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.loading import clone_tree, import_file, seed_all, tensors_in, to_device
 from cuda_agent.environment.precision import POLICIES, References, tf32_enabled
 from cuda_agent.environment.task import REQUIRED_NAMES
-from cuda_agent.environment.timing import FreshInputs, make_timer, measure
+from cuda_agent.environment.timing import FreshInputs, make_timer, measure, perturbed
 from cuda_agent.environment.worker import serve
 
 
@@ -58,6 +58,7 @@ class ReferenceWorker:
         self.fp64_error: str | None = None
         self.device = "cpu"
         self.refs: dict[int, References] = {}
+        self.timed_inputs: list = []
         self.policy = POLICIES.get("faithful")
 
     # -- ops ---------------------------------------------------------------------------------
@@ -99,8 +100,16 @@ class ReferenceWorker:
         if kind != "standard" and not all(bool(torch.isfinite(t).all()) for t in tensors_in(refs.fp32) if t.is_floating_point()):
             return {"skipped": "the reference is not finite on this perturbed distribution"}
         self.refs[index] = refs
+        if msg.get("keep_inputs"):
+            self.timed_inputs = inputs
         tensor_io.save(inputs, Path(msg["path"]))
         return {"fp64_error": self.fp64_error}
+
+    def audit(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Check the saved outputs of one timed call: recreate its perturbed inputs from this
+        worker's own copy of the timed trial's inputs (never the file the candidate read)."""
+        inputs = perturbed(to_device(self.timed_inputs, self.device), msg["noise"], msg["seed"])
+        return self._compare(Path(msg["path"]), self._references(list(inputs)))
 
     def _references(self, inputs: list) -> References:
         device_inputs = to_device(inputs, self.device)
@@ -124,9 +133,11 @@ class ReferenceWorker:
 
     def check(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compare the candidate's saved outputs for trial ``index`` with the references."""
-        refs = self.refs[msg["index"]]
+        return self._compare(Path(msg["path"]), self.refs[msg["index"]])
+
+    def _compare(self, path: Path, refs: References) -> dict[str, Any]:
         try:
-            outputs = tensor_io.load(Path(msg["path"]))
+            outputs = tensor_io.load(path)
         except (tensor_io.TensorFormatError, OSError) as exc:
             return {"passed": False, "message": f"candidate outputs unreadable: {exc}"}
         result = self.policy.compare(outputs, refs)
@@ -151,7 +162,8 @@ class ReferenceWorker:
                 model = compiled
             with torch.no_grad(), tf32_enabled(setting == "on"):
                 # The same per-call fresh inputs the candidate is timed with, for a like-for-like cost.
-                stats[variant] = measure(model, timer, config, prepare=FreshInputs(inputs).next).__dict__
+                fresh = FreshInputs(inputs, config.input_noise, seed=msg["seed"])
+                stats[variant] = measure(model, timer, config, prepare=fresh.next).__dict__
         return {"stats": stats}
 
     def degeneracy(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -241,7 +253,7 @@ def _cpu_model() -> str:
 
 def main() -> None:
     worker = ReferenceWorker()
-    serve({"load": worker.load, "make_inputs": worker.make_inputs, "check": worker.check,
+    serve({"load": worker.load, "make_inputs": worker.make_inputs, "check": worker.check, "audit": worker.audit,
            "baselines": worker.baselines, "probe": worker.probe, "degeneracy": worker.degeneracy})
 
 

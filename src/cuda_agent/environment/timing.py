@@ -65,19 +65,60 @@ class CudaTimer(Timer):
         return start.elapsed_time(end)
 
 
-def make_timer(device: str, config: TimingConfig) -> Timer:
-    return CudaTimer(config.flush_l2) if device == "cuda" else CpuTimer()
+class HostSyncTimer(CudaTimer):
+    """The host clock around the call and a device-wide synchronize: no CUDA events at all. Used to
+    re-measure implausible speed-ups with an independent clock."""
+
+    def time_call(self, fn: Callable[[], object]) -> float:
+        if self._flush_buffer is not None:
+            self._flush_buffer.fill_(0x5A5A5A5A)
+        torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter_ns() - start) / 1e6
+
+
+def make_timer(device: str, config: TimingConfig, host_clock: bool = False) -> Timer:
+    if device != "cuda":
+        return CpuTimer()
+    return HostSyncTimer(config.flush_l2) if host_clock else CudaTimer(config.flush_l2)
+
+
+def call_seed(seed: int, call: int) -> int:
+    """The noise seed of timed call ``call`` in a loop seeded with ``seed`` (shared with the reference)."""
+    return (seed + call * 1_000_003) % 2**63
+
+
+def perturbed(inputs: list, noise: float, seed: int) -> tuple:
+    """``inputs`` with every floating-point element multiplied by its own factor drawn uniformly
+    from ``1 ± noise`` (a generator seeded with ``seed`` on the tensor's device: the reference
+    worker reproduces the exact values). Signs and domains are kept; other leaves are cloned."""
+    out = []
+    for i, t in enumerate(inputs):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            generator = torch.Generator(device=t.device)
+            generator.manual_seed((seed + i) % 2**63)
+            factor = torch.empty(t.shape, dtype=torch.float32, device=t.device)
+            factor.uniform_(1.0 - noise, 1.0 + noise, generator=generator)
+            out.append((t * factor).to(t.dtype))
+        else:
+            out.append(clone_tree(t))
+    return tuple(out)
 
 
 class FreshInputs:
-    """Per-call inputs for timing: clones of the trial inputs, floats scaled by ``1 + k * 2**-20``.
+    """Per-call inputs for timing: :func:`perturbed` copies of the trial inputs, a new seed per call.
 
-    The scaling changes almost every value (so no cache can hit) without changing signs, magnitudes
-    or domains. Also checks, between calls, that consecutive outputs do not share storage.
+    Values never repeat and carry no global scale, so neither a cache nor an analytical shortcut
+    (``(cA)B = c(AB)``) can serve a timed call. Also checks, between calls, that consecutive outputs
+    do not share storage.
     """
 
-    def __init__(self, inputs: list) -> None:
+    def __init__(self, inputs: list, noise: float, seed: int) -> None:
         self.inputs = inputs
+        self.noise = noise
+        self.seed = seed
         self.count = 0
         self.last_output: Any = None
         self._previous_output: Any = None
@@ -89,9 +130,7 @@ class FreshInputs:
                 self.reused_output = True
             self._previous_output, self.last_output = self.last_output, None
         self.count += 1
-        factor = 1.0 + (self.count % 1024 + 1) * 2.0 ** -20  # never exactly 1: trial values never recur
-        return tuple(t * factor if isinstance(t, torch.Tensor) and t.is_floating_point()
-                     else clone_tree(t) for t in self.inputs)
+        return perturbed(self.inputs, self.noise, call_seed(self.seed, self.count))
 
 
 def summarize(samples_ms: list[float], budget_exhausted: bool) -> TimingStats:
@@ -103,9 +142,11 @@ def summarize(samples_ms: list[float], budget_exhausted: bool) -> TimingStats:
 
 
 def measure(fn: Callable[..., object], timer: Timer, config: TimingConfig,
-            prepare: Callable[[], tuple] | None = None) -> TimingStats:
+            prepare: Callable[[], tuple] | None = None,
+            after_sample: Callable[[], None] | None = None) -> TimingStats:
     """Warm up, then time ``fn(*prepare())`` until the relative standard error target or the budget
-    is reached. ``prepare`` runs outside the timed region (fresh inputs per call)."""
+    is reached. ``prepare`` (fresh inputs) and ``after_sample`` (auditing a timed call's outputs)
+    run outside the timed region."""
     def args() -> tuple:
         return prepare() if prepare is not None else ()
 
@@ -119,6 +160,8 @@ def measure(fn: Callable[..., object], timer: Timer, config: TimingConfig,
     while True:
         call_args = args()
         samples.append(timer.time_call(lambda: fn(*call_args)))
+        if after_sample is not None:
+            after_sample()
         n = len(samples)
         if n >= config.min_samples:
             stats = summarize(samples, False)

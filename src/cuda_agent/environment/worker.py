@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -50,8 +51,17 @@ class WorkerMemoryExceeded(WorkerError):
     """The worker's resident memory exceeded its limit and it was killed."""
 
 
+class WorkerDiskExceeded(WorkerError):
+    """The worker wrote more into its writable folders than its limit and was killed."""
+
+
 class WorkerProtocolError(WorkerError):
     """The worker replied with something that is not a valid message."""
+
+
+class ForgedReply(WorkerProtocolError):
+    """A reply did not carry the request's nonce: something other than the harness loop wrote it
+    (candidate code forging a result on the inherited pipe)."""
 
 
 class RemoteError(RuntimeError):
@@ -96,24 +106,18 @@ class WorkerProcess:
         cwd: Path,
         log_path: Path,
         mem_mb: int | None = None,
-        limit_address_space: bool = False,
+        preexec: Callable[[], None] | None = None,
+        disk_dirs: tuple[Path, ...] = (),
+        disk_mb: int | None = None,
     ) -> None:
         self.module = module
         self.log_path = log_path
         self.mem_mb = mem_mb
+        self.disk_dirs, self.disk_mb = disk_dirs, disk_mb
         to_child_r, self._to_child_w = os.pipe()
         self._from_child_r, from_child_w = os.pipe()
         self._buffer = b""
-        address_space = mem_mb * 1024 * 1024 if (mem_mb and limit_address_space) else None
-
-        def limit_resources() -> None:  # runs in the child between fork and exec
-            import resource
-
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            if address_space is not None:
-                resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-
-        with open(log_path, "ab") as log:
+        with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", module, "--fd-in", str(to_child_r), "--fd-out", str(from_child_w)],
                 pass_fds=(to_child_r, from_child_w),
@@ -123,7 +127,7 @@ class WorkerProcess:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=limit_resources,
+                preexec_fn=preexec or _no_core_dumps,
             )
         os.close(to_child_r)
         os.close(from_child_w)
@@ -138,11 +142,16 @@ class WorkerProcess:
         """
         if self._to_child_w < 0:
             raise WorkerDied("worker was already stopped", self.log_tail())
+        nonce = secrets.token_hex(16)
         try:
-            _write_all(self._to_child_w, (json.dumps(message) + "\n").encode())
+            _write_all(self._to_child_w, (json.dumps({**message, "nonce": nonce}) + "\n").encode())
         except BrokenPipeError:
             self._fail(WorkerDied, "worker exited before the request could be sent")
-        reply = self._read_reply(time.monotonic() + timeout_s, message.get("op", "?"), timeout_s)
+        op = message.get("op", "?")
+        reply = self._read_reply(time.monotonic() + timeout_s, op, timeout_s)
+        if reply.pop("nonce", None) != nonce:
+            self._fail(ForgedReply, f"the reply to {op!r} does not carry the request's nonce: it was not written "
+                                    "by the harness (forged on the result pipe)")
         if not reply.get("ok", False):
             raise RemoteError(reply)
         return reply
@@ -153,7 +162,7 @@ class WorkerProcess:
             if remaining <= 0:
                 self._fail(WorkerTimeout, f"no reply to {op!r} within {timeout_s:g} s")
             ready, _, _ = select.select([self._from_child_r], [], [], min(remaining, 0.25))
-            self._check_memory()
+            self._check_limits()
             if not ready:
                 continue
             chunk = os.read(self._from_child_r, 1 << 20)
@@ -172,12 +181,16 @@ class WorkerProcess:
             self._fail(WorkerProtocolError, f"reply to {op!r} is not a JSON object")
         return reply
 
-    def _check_memory(self) -> None:
-        if self.mem_mb is None:
-            return
-        rss_mb = _rss_mb(self.proc.pid)
-        if rss_mb is not None and rss_mb > self.mem_mb:
-            self._fail(WorkerMemoryExceeded, f"worker used {rss_mb:.0f} MB, over its {self.mem_mb} MB limit")
+    def _check_limits(self) -> None:
+        if self.mem_mb is not None:
+            rss_mb = _rss_mb(self.proc.pid)
+            if rss_mb is not None and rss_mb > self.mem_mb:
+                self._fail(WorkerMemoryExceeded, f"worker used {rss_mb:.0f} MB, over its {self.mem_mb} MB limit")
+        if self.disk_mb is not None and self.disk_dirs:
+            written_mb = _tree_bytes(self.disk_dirs, self.disk_mb * 1024 * 1024) / 2**20
+            if written_mb > self.disk_mb:
+                self._fail(WorkerDiskExceeded, f"worker wrote over {self.disk_mb} MB into its folders "
+                                               f"({written_mb:.0f} MB seen), over its limit")
 
     def _fail(self, exc_type: type[WorkerError], message: str) -> None:
         self.kill()
@@ -218,10 +231,42 @@ class WorkerProcess:
         self.kill()
 
 
+def die_with_parent() -> None:
+    """Have the kernel SIGKILL this (child) process when the thread that started it exits, so a
+    killed evaluator leaves no orphan writing into caches. Call last: a uid change clears it."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _no_core_dumps() -> None:  # runs in the child between fork and exec
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    die_with_parent()
+
+
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+def _tree_bytes(roots: tuple[Path, ...], stop_at: int, max_entries: int = 100_000) -> int:
+    """Bytes in the files below ``roots``; stops early once past ``stop_at``. A tree of more than
+    ``max_entries`` entries counts as over the limit (walking it would stall the parent)."""
+    total = entries = 0
+    for root in roots:
+        for directory, _, files in os.walk(root):
+            for name in files:
+                entries += 1
+                try:
+                    total += os.lstat(os.path.join(directory, name)).st_size
+                except OSError:
+                    continue
+                if total > stop_at or entries > max_entries:
+                    return max(total, stop_at + 1)
+    return total
 
 
 def _rss_mb(pid: int) -> float | None:
@@ -253,7 +298,7 @@ def serve(handlers: dict[str, Handler], argv: list[str] | None = None) -> None:
                 buffer += chunk
             line, buffer = buffer.split(b"\n", 1)
             message = json.loads(line)
-            op = message.get("op")
+            op, nonce = message.pop("op", None), message.pop("nonce", None)
             if op == "exit":
                 return
             try:
@@ -268,6 +313,7 @@ def serve(handlers: dict[str, Handler], argv: list[str] | None = None) -> None:
                     "error": str(exc)[:4000],
                     "traceback": traceback.format_exc()[-8000:],
                 }
+            reply["nonce"] = nonce
             _write_all(fd_out, (json.dumps(reply, default=_json_default) + "\n").encode())
 
 

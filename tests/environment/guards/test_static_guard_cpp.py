@@ -179,10 +179,61 @@ CHEATS = {
             return x;
         }
         """),
+        ("system_by_pointer_beside_a_shadowing_variable", """
+        // A variable named system shadows the function only in its own function, not in f.
+        #include <cstdlib>
+        __device__ bool keep(bool system) { return system; }
+        torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+            auto run = &system;
+            run("true");
+            return x;
+        }
+        """),
         ("fork_system", """
         // Processes from the extension.
         torch::Tensor f(torch::Tensor x, torch::Tensor y) {
             if (fork() == 0) { system("true"); }
+            return x;
+        }
+        """),
+        ("thread_after_using_namespace_std", """
+        // `thread` without the std:: prefix names std::thread all the same.
+        #include <thread>
+        using namespace std;
+        torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+            static thread* pending = nullptr;
+            pending = new thread([] {});
+            return x;
+        }
+        """),
+        ("async_after_using_namespace_std", """
+        // std::async spelled async: the work runs on a thread the call does not wait for.
+        #include <future>
+        using namespace std;
+        torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+            auto done = async(launch::async, [] { return 0; });
+            return x;
+        }
+        """),
+        ("timer_create_thread", """
+        // A POSIX timer with SIGEV_THREAD makes libc start the thread: no thread API is named.
+        #include <ctime>
+        torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+            struct sigevent event {};
+            event.sigev_notify = SIGEV_THREAD;
+            timer_t timer;
+            timer_create(CLOCK_MONOTONIC, &event, &timer);
+            return x;
+        }
+        """),
+        ("signal_handler", """
+        // A signal handler runs outside the call that installed it.
+        #include <csignal>
+        static void later(int) {}
+        torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+            struct sigaction action {};
+            sigaction(SIGALRM, &action, nullptr);
+            std::signal(SIGUSR1, later);
             return x;
         }
         """),
@@ -210,6 +261,33 @@ CHEATS = {
             return x;
         }
         """),
+        ("std_qualified_c_file_calls", """
+        // The <cstdio> spellings of the C file functions.
+        #include <cstdio>
+        torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+            std::FILE* fp = std::fopen("../io/inputs_0.bin", "wb");
+            std::rename("a", "b");
+            return x;
+        }
+        """),
+        ("write_and_dup2_on_an_inherited_fd", """
+        // Forges a reply on a pipe the process inherited, then diverts the genuine one.
+        #include <unistd.h>
+        torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+            (void)::write(3, "{}\\n", 3);
+            const int saved = dup(3);
+            dup2(2, 3);
+            return x;
+        }
+        """),
+        ("raw_syscall", """
+        // open(2) spelled as a raw system call.
+        #include <sys/syscall.h>
+        torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+            long fd = syscall(SYS_openat, AT_FDCWD, "../io/inputs_0.bin", 01);
+            return x;
+        }
+        """),
     ],
     "dynamic-code": [
         ("dlopen", """
@@ -228,10 +306,25 @@ CHEATS = {
             return x;
         }
         """),
+    ],
+    "python-from-cpp": [
         ("pybind_import", """
         // Calls back into Python's torch from C++.
         torch::Tensor f(torch::Tensor x, torch::Tensor y) {
             auto torch_mod = pybind11::module_::import("torch");
+            return x;
+        }
+        """),
+        ("pybind_attr_call", """
+        // The tensor's own (ATen) relu, reached as a Python attribute: no ATen name in the C++.
+        namespace py = pybind11;
+        py::object f(py::object x, torch::Tensor y) { return x.attr("relu")(); }
+        """),
+        ("cpython_api", """
+        // The CPython API runs Python code directly.
+        torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+            PyRun_SimpleString("import torch");
+            PyObject_CallObject(nullptr, nullptr);
             return x;
         }
         """),
@@ -294,6 +387,51 @@ NEAR_MISSES = [
         auto out = at::empty_like(x);
         launch(x.data_ptr<float>(), out.data_ptr<float>(), x.numel(), at::cuda::getCurrentCUDAStream());
         return out;
+    }
+    """),
+    ("names_shared_with_libc", """
+    // Members, variables and algorithms that share a name with a C library function are not it.
+    #include <algorithm>
+    #include <functional>
+    #include <vector>
+    struct Sink {
+        float buf[4];
+        void write(int i, float v) { buf[i] = v; }
+    };
+    __device__ bool keep(bool write, float signal) { return write && signal > 0.f; }
+    torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+        Sink sink;
+        sink.write(0, 1.f);
+        std::vector<int> v{3, 1, 2};
+        v.erase(std::remove(v.begin(), v.end(), 1), v.end());
+        auto plus_one = std::bind(std::plus<int>(), std::placeholders::_1, 1);
+        const bool write = plus_one(v[0]) > 2;
+        auto out = torch::empty_like(x);
+        k<<<1, 256>>>(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
+        return write ? out : out.zero_();
+    }
+    """),
+    ("using_namespace_std_without_threads", """
+    // using namespace std is fine; a variable named thread is not std::thread.
+    #include <vector>
+    using namespace std;
+    __global__ void scale(float* o, int n) {
+        const int thread = blockIdx.x * blockDim.x + threadIdx.x;
+        if (thread < n) o[thread] *= 2.f;
+    }
+    torch::Tensor f(torch::Tensor x, torch::Tensor y) {
+        vector<int64_t> sizes(x.sizes().begin(), x.sizes().end());
+        const int64_t n = max<int64_t>(sizes[0], 1);
+        scale<<<1, 256>>>(x.data_ptr<float>(), static_cast<int>(n));
+        return x;
+    }
+    """),
+    ("pybind_binding_code", """
+    // Binding the kernel and exporting a constant are not calls into Python.
+    torch::Tensor g(torch::Tensor x, torch::Tensor y) { return torch::empty_like(x); }
+    PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+        m.def("g", &g, "the kernel");
+        m.attr("BLOCK") = 256;
     }
     """),
     ("own_operator_library", """

@@ -5,8 +5,8 @@ Trick: forward launches the work on a freshly created ``torch.cuda.Stream`` and 
 waiting, so a timer that only synchronises the *current* stream stops before the work is done.
 (The kernel itself is PyTorch's here; a real cheat would launch its own kernel the same way.)
 Caught by: static guard ``stream-creation`` (checked on CPU too: the static guards need no GPU).
-With the static guards off, on a GPU: the timer synchronises the whole device and the runtime
-output-stability check re-reads the outputs after a device-wide sync.
+With the static guards off, on a GPU: ``torch-compute-at-runtime`` (PyTorch's ReLU ran in
+forward); a custom kernel on a side stream is timed in full (``side_stream_pool_cpp``).
 """
 
 import torch
@@ -21,5 +21,5 @@ class ModelNew(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(x)
         with torch.cuda.stream(self.side):
-            torch.relu(x, out=out)
+            out.copy_(torch.relu(x))
         return out

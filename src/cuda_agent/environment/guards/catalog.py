@@ -113,6 +113,7 @@ def build_static_guards() -> Registry[StaticGuard]:
         CodeGuard("exception-fallback", python=_exception_fallback),
         CodeGuard("concurrency", python=_py(python_rules.check_concurrency), cpp=cpp_rules.check_concurrency),
         CodeGuard("dynamic-code", python=_py(python_rules.check_dynamic_code), cpp=cpp_rules.check_dynamic),
+        CodeGuard("python-from-cpp", cpp=cpp_rules.check_python_calls),
         CodeGuard("monkeypatch", python=_monkeypatch, cpp=cpp_rules.check_operator_overrides),
         CodeGuard("introspection", python=_py(python_rules.check_introspection)),
         CodeGuard("tensor-subclass", python=_py(python_rules.check_tensor_subclass)),

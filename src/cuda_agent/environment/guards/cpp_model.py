@@ -8,6 +8,7 @@ top-level function bodies (host or device code), and, per function, the variable
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from cuda_agent.environment.guards.cpp_lexer import CppSource, Token
 from cuda_agent.environment.guards.vocabulary import CPP_ROOTS, aten_compute_names
@@ -56,6 +57,9 @@ class CppUnit:
         """Object-like ``#define NAME body``: body token texts (to read ``<<<..., STREAM>>>``)."""
         self.aliases: dict[str, list[str]] = {}
         self.using_aten = False
+        self.using_std = False
+        """``using namespace std``: every ``std::`` name may appear without the prefix. (A
+        using-declaration, ``using std::thread;``, names ``std::thread`` itself.)"""
         self._read_namespaces()
         self.scopes: list[Scope] = []
         self.scope_at: list[Scope | None] = [None] * len(self.tokens)
@@ -73,6 +77,30 @@ class CppUnit:
         scope = self.scope_at[i]
         return scope is None or not scope.device
 
+    def is_std(self, i: int) -> bool:
+        """Token ``i`` is ``std`` or a namespace alias of it."""
+        return self.text(i) == "std" or self.aliases.get(self.text(i)) == ["std"]
+
+    def names_a_variable(self, i: int) -> bool:
+        """Token ``i``'s name is declared as a variable or parameter in the function around it or at
+        file scope (``bool write = ...``, ``int signal;``): there it is that variable, not the C
+        function of the same name."""
+        scopes = self._variables.get(self.text(i), ())
+        return None in scopes or self.scope_at[i] in scopes
+
+    @cached_property
+    def _variables(self) -> dict[str, list[Scope | None]]:
+        def type_ends_at(k: int) -> bool:
+            tok = self.tokens[k] if k >= 0 else None
+            return tok is not None and (tok.text == ">" or (tok.kind == "id" and tok.text not in KEYWORDS))
+
+        found: dict[str, list[Scope | None]] = {}
+        for i, tok in enumerate(self.tokens):
+            if tok.kind == "id" and self.text(i + 1) in ("=", ";", ",", ")", "[", "{") and (
+                    type_ends_at(i - 1) or (self.text(i - 1) in ("*", "&", "&&") and type_ends_at(i - 2))):
+                found.setdefault(tok.text, []).append(self.scope_at[i])
+        return found
+
     def tensor_var(self, i: int) -> bool:
         scope = self.scope_at[i]
         tok = self.tokens[i]
@@ -86,6 +114,7 @@ class CppUnit:
                 root = t(i + 1) if t(i + 1) != "::" else t(i + 2)
                 if root in CPP_ROOTS or root in self.aliases:
                     self.using_aten = True
+                self.using_std |= self.chain(i + 1)[0] == ["std"]
             elif tok.text == "namespace" and t(i + 2) == "=" and self.tokens[i + 1].kind == "id":
                 chain, _ = self.chain(i + 3)
                 if chain:

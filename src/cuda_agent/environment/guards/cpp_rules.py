@@ -33,25 +33,32 @@ _LIBRARY_PREFIXES = (("cublasLt", "cublasLt"), ("cublasXt", "cublas"), ("cublas"
 _LIBRARY_HANDLES = {"getCurrentCUDABlasHandle": "cublas", "getCurrentCUDABlasLtHandle": "cublasLt",
                     "getCurrentCUDASparseHandle": "cusparse", "getCurrentCUDASolverDnHandle": "cusolver",
                     "getCudnnHandle": "cudnn"}
-CONCURRENCY_CALLS = frozenset({"pthread_create", "fork", "vfork", "clone", "system", "popen", "execl", "execle",
-                               "execlp", "execv", "execve", "execvp", "execvpe", "fexecve", "posix_spawn",
-                               "posix_spawnp", "_beginthread", "CreateThread"})
+CONCURRENCY_CALLS = frozenset({"pthread_create", "thrd_create", "fork", "vfork", "clone", "clone3", "system",
+                               "popen", "execl", "execle", "execlp", "execv", "execve", "execvp", "execvpe", "fexecve",
+                               "posix_spawn", "posix_spawnp", "_beginthread", "CreateThread", "timer_create", "signal",
+                               "sigaction", "sigset", "sysv_signal", "bsd_signal"})
 CONCURRENCY_STD = frozenset({"thread", "jthread", "async", "system", "packaged_task"})
-FILE_CALLS = frozenset({"fopen", "fopen64", "freopen", "fdopen", "open", "open64", "openat", "creat", "unlink",
-                        "unlinkat", "remove", "rename", "renameat", "rmdir", "mkdir", "truncate", "ftruncate", "chmod",
-                        "socket", "connect", "bind", "listen", "accept", "send", "sendto", "recv", "recvfrom",
-                        "getaddrinfo", "gethostbyname", "mmap", "shm_open", "memfd_create", "process_vm_readv",
-                        "process_vm_writev", "ptrace"})
+FILE_CALLS = frozenset({"fopen", "fopen64", "freopen", "fdopen", "tmpfile", "tmpfile64", "tmpnam", "mkstemp",
+                        "mkostemp", "mkdtemp", "open", "open64", "openat", "creat", "unlink", "unlinkat", "remove",
+                        "rename", "renameat", "rmdir", "mkdir", "truncate", "ftruncate", "chmod", "syscall", "write",
+                        "pwrite", "pwrite64", "writev", "pwritev", "pwritev2", "dup", "dup2", "dup3", "fcntl",
+                        "sendfile", "splice", "copy_file_range", "socket", "connect", "bind", "listen", "accept",
+                        "send", "sendto", "recv", "recvfrom", "getaddrinfo", "gethostbyname", "mmap", "shm_open",
+                        "memfd_create", "process_vm_readv", "process_vm_writev", "ptrace"})
 FILE_STD = frozenset({"ofstream", "ifstream", "fstream", "basic_ofstream", "basic_ifstream", "basic_fstream",
                       "filesystem", "filebuf", "basic_filebuf"})
+_STD_HOMONYMS = frozenset({"bind"})
+"""C library names whose ``std::`` spelling is something else (``std::bind`` binds arguments)."""
 DYNAMIC_NAMES = frozenset({"dlopen", "dlsym", "dlmopen", "dlvsym", "cudaGetDriverEntryPoint",
                            "cudaGetDriverEntryPointByVersion", "cuGetProcAddress", "cuGetProcAddress_v2",
                            "LoadLibrary", "LoadLibraryA", "LoadLibraryW", "GetProcAddress", "cuModuleLoad",
                            "cuModuleLoadData", "cuModuleLoadDataEx", "cuModuleLoadFatBinary", "cuLibraryLoadData",
-                           "cuLibraryLoadFromFile", "cudaLibraryLoadData", "cudaLibraryLoadFromFile", "cuLinkCreate",
-                           "Py_CompileString", "Py_CompileStringExFlags"})
-DYNAMIC_PREFIXES = ("nvrtc", "PyRun_", "PyImport_", "PyEval_", "cuModuleLoad", "cuLibraryLoad", "cudaLibraryLoad")
-_PYBIND_DYNAMIC = frozenset({"import", "eval", "exec", "eval_file", "globals"})
+                           "cuLibraryLoadFromFile", "cudaLibraryLoadData", "cudaLibraryLoadFromFile", "cuLinkCreate"})
+DYNAMIC_PREFIXES = ("nvrtc", "cuModuleLoad", "cuLibraryLoad", "cudaLibraryLoad")
+PYTHON_API_PREFIXES = ("PyRun_", "PyImport_", "PyEval_", "PyObject_Call", "PyObject_Vectorcall", "PyVectorcall_",
+                       "PyObject_GetAttr", "PyCFunction_Call", "Py_CompileString")
+_PYBIND_PYTHON = frozenset({"import", "eval", "exec", "eval_file", "globals", "getattr"})
+_PYBIND_SCOPES = frozenset({"py", "pybind11", "module_", "module", "object"})
 _SYSCALL_ASM = re.compile(r"\b(syscall|sysenter|svc|incbin)\b|int\s+\$?0x80")
 _INCLUDE_PREFIXES = ("torch/", "ATen/", "c10/", "cuda", "cub/", "thrust/", "cutlass/", "cute/", "cublas", "cudnn",
                      "curand", "cufft", "cusparse", "cusolver", "mma.h", "nv", "sm_", "crt/", "pybind11/", "device_",
@@ -89,20 +96,42 @@ def _free_call(unit: CppUnit, i: int) -> bool:
     return unit.text(i + 1) == "(" and unit.text(i - 1) not in TYPE_WORDS
 
 
-def _free_use(unit: CppUnit, i: int) -> bool:
-    """Token ``i`` names a global function: called (``system(``) or taken as a value (``&system``,
-    ``= system``, ``return system``), not a member and not a declaration's type."""
-    before = unit.text(i - 1)
-    if before in (".", "->") or (before == "::" and i >= 2 and unit.tokens[i - 2].kind == "id"):
+def _c_library_use(unit: CppUnit, i: int) -> bool:
+    """Token ``i`` names a C library function, unqualified or as ``::name`` / ``std::name``: called
+    (``write(``) or taken as a value (``&system``, ``= system``, ``return system``); not a member, a
+    declaration's type, a variable in scope, nor the ``std::remove`` algorithm."""
+    name = unit.text(i)
+    j = i - 1
+    if unit.text(j) == "::" and j >= 1 and unit.tokens[j - 1].kind == "id":
+        if not unit.is_std(j - 1) or name in _STD_HOMONYMS:
+            return False
+        j -= 2
+    qualified = unit.text(j) == "::" or j < i - 1
+    if unit.text(j) == "::":
+        j -= 1
+    before = unit.text(j)
+    if before in (".", "->") or before in TYPE_WORDS:
         return False
-    if before in TYPE_WORDS:
-        return False
-    return unit.text(i + 1) == "(" or before in ("&", "=", "return")
+    if unit.text(i + 1) == "(":
+        return name != "remove" or len(unit.arguments(i + 1)) == 1  # remove(first, last, value) is <algorithm>
+    return before in ("&", "=", "return") and (qualified or not unit.names_a_variable(i))
 
 
 def _std_name(unit: CppUnit, i: int) -> bool:
-    """Token ``i`` is ``std::<name>``."""
-    return unit.text(i - 1) == "::" and unit.text(i - 2) == "std"
+    """Token ``i`` is ``std::<name>`` (or ``<alias of std>::<name>``)."""
+    return unit.text(i - 1) == "::" and unit.is_std(i - 2)
+
+
+def _bare_std_name(unit: CppUnit, i: int) -> bool:
+    """Token ``i`` is a ``std::`` type or function written without the prefix after ``using namespace
+    std``, and used as one: ``thread t(...)``, ``thread* p``, ``vector<thread>``, ``async(...)``; not
+    a member or a variable of that name."""
+    if not unit.using_std or unit.text(i - 1) in (".", "->", "::") or unit.names_a_variable(i):
+        return False
+    after = unit.text(i + 1)
+    declares = i + 1 < len(unit.tokens) and unit.tokens[i + 1].kind == "id"  # thread t(...)
+    template_argument = unit.text(i - 1) in ("<", ",") and after in (">", ",")  # vector<thread>
+    return declares or template_argument or after in ("(", "{", "::", "<", "*", "&", "&&")
 
 
 # -- aten-compute-fallback ---------------------------------------------------------------------------
@@ -342,12 +371,13 @@ def _forbidden_in_macro(body: list[Token], ctx: CppContext, vocabulary: frozense
             if len(parts) == 1 or not allowed_aten_path(parts[1:]) or any(
                     p in CPP_COMPUTE_NAMESPACES for p in parts[1:]):
                 return f"{'::'.join(parts)} (an ATen name or namespace)"
-        elif text in STREAM_NAMES or text in DYNAMIC_NAMES or text.startswith(DYNAMIC_PREFIXES):
+        elif text in STREAM_NAMES or text in DYNAMIC_NAMES or text.startswith(DYNAMIC_PREFIXES + PYTHON_API_PREFIXES):
             return text
-        elif before not in (".", "->", "::") and after == "(" and (
+        elif text == "attr" and before in (".", "->"):
+            return f"{before}attr (a call into Python)"
+        elif before not in (".", "->", "::") and after == "(" and text not in ctx.defined_functions and (
                 text in CONCURRENCY_CALLS or text in FILE_CALLS or (
-                    text in vocabulary and text not in CPP_COMMON_FREE_FUNCTIONS
-                    and text not in ctx.defined_functions)):
+                    text in vocabulary and text not in CPP_COMMON_FREE_FUNCTIONS)):
             return f"a call to {text}"
         elif after == "(" and (text in _LIBRARY_HANDLES or any(text.startswith(p) for p, _ in _LIBRARY_PREFIXES)):
             library = _LIBRARY_HANDLES.get(text) or next(lib for p, lib in _LIBRARY_PREFIXES if text.startswith(p))
@@ -371,15 +401,16 @@ def check_operator_overrides(unit: CppUnit, ctx: CppContext) -> list[Violation]:
     return out
 
 
-# -- concurrency / file-or-network / dynamic-code ------------------------------------------------------
+# -- concurrency / file-or-network / dynamic-code / python-from-cpp -------------------------------------
 def _check_named_calls(unit: CppUnit, ctx: CppContext, std_names, free_calls, code: str, advice: str) -> list[Violation]:
-    """Uses of ``std::<name>`` for ``std_names`` and free calls of ``free_calls`` the solution does not define."""
+    """Uses of the ``std::`` names ``std_names`` (with the prefix, or without it after ``using
+    namespace std``) and of the C functions ``free_calls`` the solution does not define."""
     out = []
     for i, tok in enumerate(unit.tokens):
-        if tok.kind != "id":
+        if tok.kind != "id" or (tok.text in ctx.defined_functions and not _std_name(unit, i)):
             continue
-        if (_std_name(unit, i) and tok.text in std_names) or (
-                tok.text in free_calls and _free_use(unit, i) and tok.text not in ctx.defined_functions):
+        if (_std_name(unit, i) and tok.text in std_names) or (tok.text in free_calls and _c_library_use(unit, i)) \
+                or (tok.text in std_names and _bare_std_name(unit, i)):
             name = f"std::{tok.text}" if _std_name(unit, i) else tok.text
             out.append(_v(code, unit, tok, f"uses {name} {advice}"))
     return out
@@ -387,25 +418,41 @@ def _check_named_calls(unit: CppUnit, ctx: CppContext, std_names, free_calls, co
 
 def check_concurrency(unit: CppUnit, ctx: CppContext) -> list[Violation]:
     return _check_named_calls(unit, ctx, CONCURRENCY_STD, CONCURRENCY_CALLS, "concurrency",
-                              "(threads or processes); do the work in kernels on the current stream")
+                              "(threads, processes or signal handlers); do the work in kernels on the current stream")
 
 
 def check_files(unit: CppUnit, ctx: CppContext) -> list[Violation]:
     return _check_named_calls(unit, ctx, FILE_STD, FILE_CALLS, "file-or-network",
-                              "(files, sockets or process memory); a kernel only computes")
+                              "(files, file descriptors, sockets or process memory); a kernel only computes")
 
 
 def check_dynamic(unit: CppUnit, ctx: CppContext) -> list[Violation]:
+    return [_v("dynamic-code", unit, tok,
+               f"uses {tok.text}, which loads or runs code the guards cannot read; write it as source")
+            for tok in unit.tokens
+            if tok.kind == "id" and (tok.text in DYNAMIC_NAMES or tok.text.startswith(DYNAMIC_PREFIXES))]
+
+
+def check_python_calls(unit: CppUnit, ctx: CppContext) -> list[Violation]:
+    """Python reached from C++: the CPython API, pybind11's import/eval/getattr, and ``obj.attr(...)``
+    other than assigning a module attribute (``m.attr("BLOCK") = 256``)."""
     out = []
     t = unit.text
     for i, tok in enumerate(unit.tokens):
         if tok.kind != "id":
             continue
-        pybind = tok.text in _PYBIND_DYNAMIC and t(i - 1) == "::" and t(i - 2) in ("py", "pybind11", "module_",
-                                                                                   "module", "object")
-        if tok.text in DYNAMIC_NAMES or tok.text.startswith(DYNAMIC_PREFIXES) or pybind:
-            out.append(_v("dynamic-code", unit, tok,
-                          f"uses {tok.text}, which loads or runs code the guards cannot read; write it as source"))
+        if tok.text.startswith(PYTHON_API_PREFIXES):
+            name = tok.text
+        elif tok.text in _PYBIND_PYTHON and t(i - 1) == "::" and t(i - 2) in _PYBIND_SCOPES:
+            name = f"{t(i - 2)}::{tok.text}"
+        elif tok.text == "attr" and t(i - 1) in (".", "->") and t(i + 1) == "(" \
+                and t(unit.match.get(i + 1, i) + 1) != "=":
+            name = f"{t(i - 1)}attr(...)"
+        else:
+            continue
+        out.append(_v("python-from-cpp", unit, tok,
+                      f"uses {name}: kernels may not call back into Python; that is how a torch fallback hides in "
+                      "C++"))
     return out
 
 

@@ -58,13 +58,20 @@ _SUBCLASS_ATTRIBUTES = frozenset({"_make_subclass", "_make_wrapper_subclass", "a
 NETWORK_MODULES = ("socket", "urllib", "http", "requests", "httpx", "ftplib", "smtplib", "telnetlib", "ssl",
                    "aiohttp", "websocket", "websockets", "paramiko", "xmlrpc", "urllib3", "grpc", "zmq", "pycurl",
                    "poplib", "imaplib", "nntplib", "socketserver", "webbrowser", "torch.hub", "torch.utils.model_zoo")
-_FILE_WRITES = ("os.remove", "os.unlink", "os.rename", "os.renames", "os.replace", "os.chmod", "os.chown",
-                "os.lchown", "os.makedirs", "os.mkdir", "os.rmdir", "os.removedirs", "os.symlink", "os.link",
-                "os.truncate", "os.utime", "os.write", "os.open", "os.mkfifo", "os.mknod", "os.sendfile", "shutil",
-                "tempfile", "torch.save", "numpy.save", "numpy.savez", "numpy.savetxt", "numpy.savez_compressed",
-                "numpy.memmap", "pathlib.Path.write_text", "pathlib.Path.write_bytes")
-_OPENERS = ("io.open", "codecs.open", "os.fdopen", "gzip.open", "bz2.open", "lzma.open")
-_PATH_WRITES = frozenset({"write_text", "write_bytes", "unlink", "touch", "mkdir", "rmdir", "symlink_to",
+_OS_FILE_CALLS = ("remove", "unlink", "rename", "renames", "replace", "chmod", "fchmod", "lchmod", "chown", "fchown",
+                  "lchown", "makedirs", "mkdir", "rmdir", "removedirs", "symlink", "link", "truncate", "ftruncate",
+                  "utime", "open", "fdopen", "write", "pwrite", "writev", "pwritev", "dup", "dup2", "sendfile",
+                  "splice", "copy_file_range", "memfd_create", "mkfifo", "mknod")
+"""File-system and file-descriptor calls of ``os`` (and of ``posix``, which ``os`` re-exports)."""
+_FILE_WRITES = tuple(f"{module}.{name}" for module in ("os", "posix") for name in _OS_FILE_CALLS) + (
+    "shutil", "tempfile", "sqlite3", "_sqlite3", "dbm", "_dbm", "_gdbm", "logging.FileHandler", "logging.handlers",
+    "logging.config", "torch.save", "numpy.save", "numpy.savez", "numpy.savetxt", "numpy.savez_compressed",
+    "numpy.memmap", "pathlib.Path.write_text", "pathlib.Path.write_bytes")
+_OPENERS = ("io.open", "io.FileIO", "_io.open", "_io.FileIO", "codecs.open", "gzip.open", "gzip.GzipFile", "bz2.open",
+            "bz2.BZ2File", "lzma.open", "lzma.LZMAFile", "zipfile.ZipFile", "zipfile.PyZipFile", "tarfile.open",
+            "tarfile.TarFile")
+"""Openers judged by their mode (``w``, ``a``, ``x``, ``+`` write); reading is allowed."""
+_PATH_WRITES = frozenset({"write_text", "write_bytes", "unlink", "touch", "mkdir", "rmdir", "rename", "symlink_to",
                           "hardlink_to", "link_to", "chmod", "lchmod", "tofile"})
 STREAM_APIS = ("torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.set_stream", "torch.cuda.ExternalStream",
                "torch.cuda.StreamContext", "torch.cuda.streams.Stream", "torch.cuda.streams.ExternalStream",
@@ -376,6 +383,9 @@ def check_file_or_network(module: PyModule) -> list[Violation]:
         elif qual is None and isinstance(node.func, ast.Attribute) and node.func.attr in _PATH_WRITES:
             out.append(_v("file-or-network", module, node,
                           f"{snippet(node.func)}() changes the file system; a solution writes no files"))
+        elif qual == "logging.basicConfig" and any(kw.arg == "filename" for kw in node.keywords):
+            out.append(_v("file-or-network", module, node,
+                          "logging.basicConfig(filename=...) writes a log file; a solution writes no files"))
     return out
 
 
@@ -386,7 +396,7 @@ def _open_problem(node: ast.Call, method: bool) -> str | None:
     for kw in node.keywords:
         if kw.arg == "mode":
             mode = kw.value
-        elif kw.arg == "file":
+        elif kw.arg in ("file", "name", "filename"):
             path = kw.value
     if isinstance(path, ast.Constant) and isinstance(path.value, str) and path.value.startswith(("/proc", "/dev",
                                                                                                    "/sys")):
@@ -395,7 +405,7 @@ def _open_problem(node: ast.Call, method: bool) -> str | None:
         return None
     if not (isinstance(mode, ast.Constant) and isinstance(mode.value, str)):
         return f"{snippet(node.func)}() with a computed mode may write files; open read-only with a literal mode"
-    if any(c in mode.value for c in "wax+"):
+    if any(c in mode.value.split(":")[0] for c in "wax+"):  # tarfile's "r:xz" reads
         return f"{snippet(node.func)}() opens a file for writing (mode {mode.value!r}); a solution writes no files"
     return None
 

@@ -1,0 +1,57 @@
+"""Which ATen operators ``forward`` ran (runtime guard ``torch-compute-at-runtime``).
+
+The static guards read the sources; this sees what actually executed. Every ATen operator the
+dispatcher runs during a verification call — from Python, from the extension's C++, or from Python
+reached back through pybind11 — passes through a recording ``TorchDispatchMode`` (it sees operators,
+not kernels: no profiler, no CUPTI, microseconds per operator). Allocation, views, copies and fills
+are the only operators a kernel's host code needs; anything else means PyTorch computed (part of)
+the answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cuda_agent.environment.guards.vocabulary import ALLOWED_TENSOR_METHODS, ALLOWED_TORCH_CALLS, CPP_ALLOWED_PATHS, TENSOR
+
+_DISPATCHER_INTERNALS = frozenset({
+    # What the allowed calls above dispatch to underneath.
+    "_to_copy", "copy_", "fill_", "zero_", "empty_strided", "_reshape_alias", "_unsafe_view", "alias", "slice",
+    "lift_fresh", "lift_fresh_copy", "resolve_conj", "resolve_neg", "detach_", "resize_", "set_", "as_strided_",
+    "unsqueeze_", "squeeze_", "_local_scalar_dense", "item", "is_nonzero", "result_type", "scalar_tensor",
+    "_has_compatible_shallow_copy_type", "record_stream", "expand", "view", "view_as", "contiguous", "clone",
+    "to", "detach", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "_unsafe_split",
+    "split_with_sizes", "unsafe_split", "unsafe_chunk", "t_", "transpose_", "_nested_tensor_from_mask",
+})
+
+ALLOWED_RUNTIME_OPS = frozenset(
+    {name.rsplit(".", 1)[-1] for name, kind in ALLOWED_TORCH_CALLS.items() if kind == TENSOR}
+    | {name for name, kind in ALLOWED_TENSOR_METHODS.items() if kind == TENSOR}
+    | {path for path in CPP_ALLOWED_PATHS if path.isidentifier()}
+    | _DISPATCHER_INTERNALS
+)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def recorded_aten_ops() -> Iterator[list[str]]:
+    """Yield a list that holds, as the block runs, the names of the ATen operators it dispatches."""
+    with _Recorder() as recorder:
+        yield recorder.names
+
+
+def compute_ops(names: list[str]) -> list[str]:
+    """The recorded operators that compute (sorted, without repeats)."""
+    return sorted(set(names) - ALLOWED_RUNTIME_OPS)
