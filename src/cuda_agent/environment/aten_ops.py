@@ -18,13 +18,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from cuda_agent.environment.guards.vocabulary import ALLOWED_TENSOR_METHODS, ALLOWED_TORCH_CALLS, CPP_ALLOWED_PATHS, TENSOR
 
 _DISPATCHER_INTERNALS = frozenset({
-    # What the allowed calls above dispatch to underneath.
-    "_to_copy", "copy_", "fill_", "zero_", "empty_strided", "_reshape_alias", "_unsafe_view", "alias", "slice",
-    "lift_fresh", "lift_fresh_copy", "resolve_conj", "resolve_neg", "detach_", "resize_", "set_", "as_strided_",
-    "unsqueeze_", "squeeze_", "_local_scalar_dense", "item", "is_nonzero", "result_type", "scalar_tensor",
-    "_has_compatible_shallow_copy_type", "record_stream", "expand", "view", "view_as", "contiguous", "clone",
-    "to", "detach", "new_empty", "new_empty_strided", "new_zeros", "new_ones", "new_full", "_unsafe_split",
-    "split_with_sizes", "unsafe_split", "unsafe_chunk", "t_", "transpose_", "_nested_tensor_from_mask",
+    # What the allowed calls (vocabulary.py) dispatch to underneath.
+    "_to_copy", "_reshape_alias", "_unsafe_view", "alias", "slice", "lift_fresh", "lift_fresh_copy",
+    "resolve_conj", "resolve_neg", "detach_", "resize_", "set_", "as_strided_", "unsqueeze_", "squeeze_",
+    "_local_scalar_dense", "is_nonzero", "scalar_tensor", "_has_compatible_shallow_copy_type", "_unsafe_split",
+    "split_with_sizes", "unsafe_split", "unsafe_chunk", "t_", "transpose_", "item", "result_type", "record_stream",
 })
 
 ALLOWED_RUNTIME_OPS = frozenset(

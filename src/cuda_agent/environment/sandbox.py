@@ -200,7 +200,7 @@ def _mount_views(views: list[tuple[str, list[str], str]]) -> None:
                       options and options.encode()) != 0:
             os._exit(122)
 
-    if libc.unshare(_CLONE_NEWNS) != 0:
+    if _unshare(_CLONE_NEWNS) != 0:
         os._exit(122)
     mount(None, "/", None, _MS_REC | _MS_PRIVATE)
     for directory, relatives, options in views:

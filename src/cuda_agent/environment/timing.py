@@ -52,10 +52,13 @@ class CudaTimer(Timer):
             l2_bytes = getattr(props, "L2_cache_size", 0) or 64 * 1024 * 1024
             self._flush_buffer = torch.empty(2 * l2_bytes // 4, dtype=torch.int32, device="cuda")
 
-    def time_call(self, fn: Callable[[], object]) -> float:
+    def _flush_and_sync(self) -> None:
         if self._flush_buffer is not None:
             self._flush_buffer.fill_(0x5A5A5A5A)
         torch.cuda.synchronize()
+
+    def time_call(self, fn: Callable[[], object]) -> float:
+        self._flush_and_sync()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -70,9 +73,7 @@ class HostSyncTimer(CudaTimer):
     re-measure implausible speed-ups with an independent clock."""
 
     def time_call(self, fn: Callable[[], object]) -> float:
-        if self._flush_buffer is not None:
-            self._flush_buffer.fill_(0x5A5A5A5A)
-        torch.cuda.synchronize()
+        self._flush_and_sync()
         start = time.perf_counter_ns()
         fn()
         torch.cuda.synchronize()
