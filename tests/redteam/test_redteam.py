@@ -155,7 +155,8 @@ ROWS = [
     Row("return_input_python", "relu_nonneg", "returning the input (alias)", (),
         Caught(GV, ("output-aliases-input",))),
     # -- caches and call counts ---------------------------------------------------------------------
-    Row("cache_by_pointer", "matmul", "cache by pointer", (), Caught(GV, ("timed-output-incorrect",))),
+    Row("cache_by_content", "matmul", "cache by pointer (by content: survives fresh addresses)", (),
+        Caught(GV, ("timed-output-incorrect",))),
     Row("call_count_then_garbage", "relu", "cache by call count", (), Caught(GV, ("timed-output-incorrect",))),
     Row("call_count_then_cached", "relu", "cache by call count / returning a cached tensor", (),
         Caught(GV, ("output-reused",))),

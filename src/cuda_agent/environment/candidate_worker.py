@@ -22,7 +22,7 @@ from cuda_agent.environment.aten_ops import compute_ops, recorded_aten_ops
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.extension_calls import ExtensionCallCounter
 from cuda_agent.environment.integrity import HarnessSnapshot
-from cuda_agent.environment.loading import clone_tree, import_file, seed_all, storage_span, tensors_in
+from cuda_agent.environment.loading import clone_tree, copy_tree_into, import_file, seed_all, storage_span, tensors_in
 from cuda_agent.environment.solution import EXTENSION_NAME
 from cuda_agent.environment.timing import FreshInputs, make_timer, measure
 from cuda_agent.environment.worker import serve
@@ -171,28 +171,41 @@ class CandidateWorker:
 
 class TimedCallAudit:
     """A uniform random sample (reservoir) of ``size`` timed calls, outputs captured right after the
-    timer stopped: a candidate cannot tell an audited call from any other until it has returned."""
+    timer stopped: a candidate cannot tell an audited call from any other until it has returned.
+
+    Nor afterwards: every timed call's outputs are copied into one of ``size + 1`` buffers that are
+    all allocated at the first timed call, so audited and unaudited calls leave the allocator in the
+    same state. (Cloning only the audited outputs let a cache keyed by input address miss exactly on
+    the calls after an audit, so the audit saw honest outputs while the others were stale.)
+    """
 
     def __init__(self, calls: FreshInputs, size: int, rng: random.Random) -> None:
         self.calls, self.size, self.rng = calls, size, rng
         self.seen = 0
         self.kept: list[tuple[int, Any]] = []
         self.violations: list[dict[str, str]] = []
+        self._spares: list[Any] | None = None
         self._threads = threading.active_count()
 
     def __call__(self) -> None:
         self.seen += 1
-        slot = len(self.kept) if len(self.kept) < self.size else self.rng.randrange(self.seen)
-        if slot >= self.size:
-            return
         if threading.active_count() > self._threads and not self.violations:
             self.violations.append({"code": "thread-left-running",
                                     "message": "a timed forward() left Python threads running after it returned"})
-        captured = (self.calls.count, clone_tree(self.calls.last_output))
-        if slot == len(self.kept):
-            self.kept.append(captured)
+        outputs = self.calls.last_output
+        if self._spares is None:
+            self._spares = [clone_tree(outputs) for _ in range(self.size + 1)]
+        spare = self._spares.pop()
+        if not copy_tree_into(spare, outputs):  # outputs changed structure or shape between calls
+            spare = clone_tree(outputs)
+        slot = len(self.kept) if len(self.kept) < self.size else self.rng.randrange(self.seen)
+        if slot >= self.size:
+            self._spares.append(spare)
+        elif slot == len(self.kept):
+            self.kept.append((self.calls.count, spare))
         else:
-            self.kept[slot] = captured
+            self._spares.append(self.kept[slot][1])
+            self.kept[slot] = (self.calls.count, spare)
 
 
 def runtime_violations(outputs: Any, inputs: list, pristine: list, device: str) -> list[dict[str, str]]:

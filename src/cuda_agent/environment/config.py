@@ -76,10 +76,12 @@ class VerifyConfig:
     """Every forward pass must call into the compiled extension (runtime guard ``no-custom-kernel``)
     and run no ATen compute operator (``torch-compute-at-runtime``). Turn off only to test other
     parts of the harness with plain-PyTorch candidates."""
-    timed_audits: int = 3
-    """Timed calls, picked at random while timing, whose outputs are captured right after the timer
-    stops and checked against the reference (``timed-output-incorrect``): a candidate that behaves
-    differently when timed than when verified is caught. 0 turns the audit off."""
+    timed_audits: int = 5
+    """Timed calls, picked uniformly at random while timing, whose outputs are captured right after
+    the timer stops and checked against the reference (``timed-output-incorrect``): a candidate that
+    behaves differently when timed than when verified is caught. The reward uses the median, so a
+    cheat must be wrong on over half the timed calls to gain; it escapes all ``k`` audits with
+    probability below ``2^-k`` (5: 3%, an expected reward below zero). 0 turns the audit off."""
 
     plausible_speedup: float = 50.0
     """On CUDA, a speed-up over eager above this is re-measured with the host clock around a

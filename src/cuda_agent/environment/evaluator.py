@@ -210,9 +210,8 @@ class _Evaluation:
         self.verdict.build = built.info
         self.verdict.phase_seconds["build"] = built.info.seconds
         shutil.copytree(built.extensions_dir, self._candidate_extensions_dir)
-        if self.lease is not None and self.lease.uid is not None:
-            for path in [self._candidate_extensions_dir, *self._candidate_extensions_dir.rglob("*")]:
-                os.chown(path, self.lease.uid, self.lease.uid, follow_symlinks=False)
+        if self.lease is not None:
+            self.lease.give_to_candidate(self._candidate_extensions_dir)
         return built
 
     def _prepare_trials(self) -> list[tuple[int, str]]:

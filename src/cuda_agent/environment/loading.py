@@ -60,6 +60,27 @@ def clone_tree(tree):
     return tree
 
 
+def copy_tree_into(dst, src) -> bool:
+    """Copy ``src``'s tensor values into the matching tensors of ``dst`` in place, allocating
+    nothing; False when the trees differ in structure, a tensor's shape, dtype or device, or a
+    non-tensor leaf (``dst`` may then be partly overwritten)."""
+    import torch
+
+    if isinstance(src, torch.Tensor):
+        if not (isinstance(dst, torch.Tensor) and dst.shape == src.shape and dst.dtype == src.dtype
+                and dst.device == src.device):
+            return False
+        dst.copy_(src)
+        return True
+    if isinstance(src, (list, tuple)):
+        return (type(dst) is type(src) and len(dst) == len(src)
+                and all(copy_tree_into(d, s) for d, s in zip(dst, src)))
+    if isinstance(src, dict):
+        return (type(dst) is type(src) and dst.keys() == src.keys()
+                and all(copy_tree_into(dst[k], src[k]) for k in src))
+    return type(dst) is type(src) and dst == src
+
+
 def tensors_in(tree) -> list:
     import torch
 

@@ -67,9 +67,12 @@ class Lease:
         return f"uid {self.uid}, {network}" + "".join(f"; {n}" for n in self.notes)
 
     def give_to_candidate(self, path: Path) -> None:
-        """Make ``path`` (a directory the evaluator created) the candidate's to write."""
-        if self.uid is not None:
-            os.chown(path, self.uid, self.uid)
+        """Make ``path`` (a file or tree the evaluator created) the candidate's to write; links are
+        changed themselves, never followed."""
+        if self.uid is None:
+            return
+        for item in [path, *(path.rglob("*") if path.is_dir() else ())]:
+            os.chown(item, self.uid, self.uid, follow_symlinks=False)
 
     def preexec(self, limits: LimitsConfig, limit_address_space: bool, workdir: Path) -> Callable[[], None]:
         """The function the candidate's child runs between fork and exec (as root when switching).
