@@ -10,37 +10,23 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from cuda_agent.cli_support import console, default_device, err_console, fail_usage
 from cuda_agent.environment import (
     POLICIES, ConfigError, EvalConfig, SolutionError, TaskLoadError, Verdict, evaluate, load_solution,
     load_task, load_tasks,
 )
 from cuda_agent.environment.build import build_many
 from cuda_agent.environment.guards import GuardConfigError
-
-EXIT_BAD_USAGE = 2
+from cuda_agent.synth.cli import synth_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Agentic RL for CUDA kernels: evaluate candidates with a hack-resistant reward.")
 tasks_app = typer.Typer(no_args_is_help=True, help="Inspect task sets (KernelBench folders, datasets).")
 app.add_typer(tasks_app, name="tasks")
-console = Console()
-err_console = Console(stderr=True)
-
-
-def _fail_usage(message: str) -> None:
-    err_console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(EXIT_BAD_USAGE)
-
-
-def default_device() -> str:
-    """``cuda`` when a CUDA GPU is visible, else the CPU backend."""
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+app.add_typer(synth_app, name="synth")
 
 
 def _build_config(device: Optional[str], config_file: Optional[Path], precision: Optional[str],
@@ -52,9 +38,9 @@ def _build_config(device: Optional[str], config_file: Optional[Path], precision:
         try:
             data = yaml.safe_load(config_file.read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
-            _fail_usage(f"{config_file}: cannot read config ({exc})")
+            fail_usage(f"{config_file}: cannot read config ({exc})")
         if not isinstance(data, dict):
-            _fail_usage(f"{config_file}: config must be a mapping of sections (build, verify, timing, limits)")
+            fail_usage(f"{config_file}: config must be a mapping of sections (build, verify, timing, limits)")
     data.setdefault("device", device or default_device())
     if device:
         data["device"] = device
@@ -69,8 +55,7 @@ def _build_config(device: Optional[str], config_file: Optional[Path], precision:
     try:
         return EvalConfig.from_dict(data)
     except (ConfigError, GuardConfigError, TypeError) as exc:
-        _fail_usage(f"invalid configuration: {exc}")
-        raise  # unreachable; keeps type checkers calm
+        fail_usage(f"invalid configuration: {exc}")
 
 
 def _fmt(value: Optional[float], unit: str = "") -> str:
@@ -124,7 +109,7 @@ def verify(
         task = load_task(problem)
         load_solution(solution)
     except (TaskLoadError, SolutionError) as exc:
-        _fail_usage(str(exc))
+        fail_usage(str(exc))
     with console.status(f"evaluating {solution.name} on {task.id} ({eval_config.device})", spinner="dots") \
             if not json_out else contextlib.nullcontext():
         verdict = evaluate(task, solution, eval_config)
@@ -146,7 +131,7 @@ def tasks_list(
     try:
         results = load_tasks(path)
     except TaskLoadError as exc:
-        _fail_usage(str(exc))
+        fail_usage(str(exc))
     import_errors: dict[str, str] = {}
     if import_check:
         loaded = [r.task for r in results if r.task is not None]
@@ -205,7 +190,7 @@ def demo(
     root = examples or examples_dir()
     runs = _sample_runs(root, eval_config.device)
     if not runs:
-        _fail_usage(f"{root}: no sample tasks with solutions for device {eval_config.device!r}")
+        fail_usage(f"{root}: no sample tasks with solutions for device {eval_config.device!r}")
     verdicts: list[tuple[_SampleRun, Verdict]] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err_console, disable=json_out) as progress:

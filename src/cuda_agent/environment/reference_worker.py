@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,7 @@ class ReferenceWorker:
         self.module = None
         self.model: torch.nn.Module | None = None
         self.model64: torch.nn.Module | None = None
+        self.compiled: Any = None
         self.fp64_error: str | None = None
         self.device = "cpu"
         self.refs: dict[int, References] = {}
@@ -75,6 +77,7 @@ class ReferenceWorker:
         init_inputs = self.module.get_init_inputs()
         seed_all(msg["init_seed"])
         self.model = self.module.Model(*init_inputs).to(self.device)
+        self.compiled = None
         if self.policy.needs_float64:
             try:
                 self.model64 = copy.deepcopy(self.model).double()
@@ -147,29 +150,64 @@ class ReferenceWorker:
     def baselines(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Time the requested baseline variants on inputs from the (public) init seed."""
         config = TimingConfig(**msg["timing"])
-        seed_all(msg["seed"])
-        inputs = to_device(list(self.module.get_inputs()), self.device)
+        inputs = self._public_inputs(msg["seed"])
         timer = make_timer(self.device, config)
-        compiled = None
         stats = {}
         for variant in msg["variants"]:
             kind, setting = variant.rsplit("_tf32_", 1)
-            if kind == "eager":
-                model = self.model
-            else:
-                if compiled is None:
-                    compiled = torch.compile(self.model, mode=None if config.compile_mode == "default" else config.compile_mode)
-                model = compiled
+            model = self.model if kind == "eager" else self._compiled(config)
             with torch.no_grad(), tf32_enabled(setting == "on"):
                 # The same per-call fresh inputs the candidate is timed with, for a like-for-like cost.
                 fresh = FreshInputs(inputs, config.input_noise, seed=msg["seed"])
                 stats[variant] = measure(model, timer, config, prepare=fresh.next).__dict__
         return {"stats": stats}
 
+    def compile(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Build ``torch.compile(Model)`` and run it once now, so that a later ``baselines`` request
+        times it without paying for compilation (the synthesis filter compiles tasks in parallel
+        and times them one at a time)."""
+        config = TimingConfig(**msg["timing"])
+        inputs = self._public_inputs(msg["seed"])
+        started = time.perf_counter()
+        with torch.no_grad():
+            self._compiled(config)(*inputs)
+        _sync(self.device)
+        return {"seconds": time.perf_counter() - started}
+
+    def _compiled(self, config: TimingConfig) -> Any:
+        if self.compiled is None:
+            self.compiled = torch.compile(self.model, mode=None if config.compile_mode == "default" else config.compile_mode)
+        return self.compiled
+
+    def _public_inputs(self, seed: int) -> list:
+        seed_all(seed)
+        return to_device(list(self.module.get_inputs()), self.device)
+
+    def footprint(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Memory one eager forward pass needs, in bytes. On CUDA the allocator's peak during the
+        call (inputs, parameters, activations and outputs); on CPU, which keeps no peak statistics,
+        the inputs, parameters, buffers and outputs: a lower bound."""
+        inputs = self._public_inputs(msg["seed"])
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        with torch.no_grad():
+            outputs = self.model(*inputs)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+            return {"bytes": int(torch.cuda.max_memory_allocated())}
+        held = [*tensors_in(inputs), *tensors_in(outputs), *self.model.parameters(), *self.model.buffers()]
+        return {"bytes": sum(t.numel() * t.element_size() for t in held)}
+
     def degeneracy(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Measure what ``degenerate.detect_degenerate`` reports (see there for the flags)."""
         atol = float(msg["atol"])
         flags: dict[str, str] = {}
+
+        def outputs_of(inputs: list) -> list[torch.Tensor]:
+            with torch.no_grad():
+                out = self.model(*to_device(clone_tree(inputs), self.device))
+            return [t.detach().double().cpu() for t in tensors_in(out) if t.is_floating_point()]
 
         def outputs_for(seed: int, redraw: int | None = None) -> list[torch.Tensor]:
             seed_all(seed)
@@ -177,9 +215,8 @@ class ReferenceWorker:
             if redraw is not None:
                 seed_all(seed + 7919)
                 inputs[redraw] = list(self.module.get_inputs())[redraw]
-            with torch.no_grad():
-                out = self.model(*to_device(inputs, self.device))
-            return [t.detach().double().cpu() for t in tensors_in(out) if t.is_floating_point()]
+            seed_all(seed)
+            return outputs_of(inputs)
 
         base = outputs_for(1)
         if not base:
@@ -195,7 +232,9 @@ class ReferenceWorker:
                 flags["tiny-output"] = f"output {i}: max |value| {scale:.3g} < atol {atol:g}; zeros would pass"
             elif t.numel() > 1 and float(t.std()) <= 1e-6 * scale:
                 flags["constant-output"] = f"output {i}: spread {float(t.std()):.3g} is negligible vs magnitude {scale:.3g}"
-        if _differ(base, outputs_for(1), 0.0):
+        seed_all(1)
+        same = list(self.module.get_inputs())  # run twice without re-seeding: random ops show
+        if _differ(outputs_of(same), outputs_of(same), 0.0):
             flags["nondeterministic"] = "two runs on the same inputs gave different outputs"
         if all(not _differ(base, outputs_for(1 + s), atol) for s in range(1, int(msg["seeds"]))):
             flags["seed-insensitive"] = "outputs are the same (within atol) for different input seeds"
@@ -254,7 +293,8 @@ def _cpu_model() -> str:
 def main() -> None:
     worker = ReferenceWorker()
     serve({"load": worker.load, "make_inputs": worker.make_inputs, "check": worker.check, "audit": worker.audit,
-           "baselines": worker.baselines, "probe": worker.probe, "degeneracy": worker.degeneracy})
+           "baselines": worker.baselines, "compile": worker.compile, "footprint": worker.footprint,
+           "probe": worker.probe, "degeneracy": worker.degeneracy})
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1 @@
+"""Data synthesis: mine seed operators, compose fused tasks, filter and de-contaminate them into a dataset."""

@@ -1,0 +1,262 @@
+"""``cuda-agent synth``: mine seed operators, compose tasks, filter them into a dataset."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from cuda_agent.cli_support import console, default_device, err_console, fail_usage
+
+synth_app = typer.Typer(no_args_is_help=True,
+                        help="Data synthesis: seed operators -> composed tasks -> filtered, de-contaminated dataset.")
+
+SEEDS_FILE = "seed_ops.json"
+
+
+def _progress_bars(disable: bool = False) -> tuple[Progress, Callable[[str, int, int], None]]:
+    """A rich progress display and the ``progress(stage, done, total)`` callback that drives it."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), console=err_console, disable=disable)
+    bars: dict[str, int] = {}
+
+    def update(stage: str, done: int, total: int) -> None:
+        if stage not in bars:
+            bars[stage] = progress.add_task(stage, total=total)
+        progress.update(bars[stage], completed=done, total=total)
+
+    return progress, update
+
+
+def _load_or_mine(catalogue: Optional[Path], cache: Optional[Path], transformers: bool):
+    from cuda_agent.synth.mining import load_catalogue, mine_seed_ops, save_catalogue
+
+    path = catalogue or cache
+    if path is not None and path.exists():
+        try:
+            return load_catalogue(path)
+        except ValueError as exc:
+            fail_usage(str(exc))
+    if catalogue is not None:
+        fail_usage(f"{catalogue}: no such seed catalogue (make one with `cuda-agent synth seeds`)")
+    progress, update = _progress_bars()
+    with progress:
+        mined = mine_seed_ops(include_transformers=transformers, progress=lambda done, total: update("mining seed operators", done, total))
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        save_catalogue(mined, cache)
+    return mined
+
+
+def _window(window: Optional[tuple[float, float]]) -> Optional[tuple[float, float]]:
+    return None if window is None or window == (0.0, 0.0) else window
+
+
+def _composer(catalogue, device: str, window: Optional[tuple[float, float]], n_ops: Optional[int],
+              llm: bool, llm_base_url: Optional[str], llm_model: Optional[str]):
+    """``seed -> TaskRecord``: the deterministic composer, or the LLM composing the operators the
+    deterministic composer sampled for that seed (so both draw from the same compatible chains)."""
+    from cuda_agent.synth.composer import compose
+    from cuda_agent.synth.filter import DEFAULT_WINDOWS_MS
+
+    if not llm:
+        target = window or DEFAULT_WINDOWS_MS[device]
+        return lambda seed: compose(catalogue, seed, n_ops, target_ms=target, device=device)
+    from cuda_agent.synth.llm_composer import LLMComposer, LLMConfig
+
+    try:
+        composer = LLMComposer(LLMConfig.from_env(base_url=llm_base_url, model=llm_model))
+    except ValueError as exc:
+        fail_usage(str(exc))
+    by_name = {op.name: op for op in catalogue.ops}
+    return lambda seed: composer.compose([by_name[name] for name in compose(catalogue, seed, n_ops).ops], seed)
+
+
+_COMPOSER_OPTIONS = dict(
+    n_ops=typer.Option(None, help="Operators fused into each task, 1-5 (default: drawn per seed)."),
+    llm=typer.Option(False, "--llm/--no-llm", help="Compose with an LLM through an OpenAI-compatible endpoint."),
+    llm_base_url=typer.Option(None, help="Endpoint base URL (default: $CUDA_AGENT_LLM_BASE_URL, $OPENAI_BASE_URL)."),
+    llm_model=typer.Option(None, help="Model name (default: $CUDA_AGENT_LLM_MODEL). The key comes from "
+                                      "$CUDA_AGENT_LLM_API_KEY or $OPENAI_API_KEY."),
+)
+
+
+def _families(catalogue) -> dict[str, str]:
+    return {op.name: op.family for op in catalogue.ops}
+
+
+@synth_app.command("seeds")
+def seeds(
+    out: Path = typer.Option(Path(SEEDS_FILE), help="Where to write the seed catalogue (JSON)."),
+    transformers: bool = typer.Option(True, "--transformers/--no-transformers",
+                                      help="Also mine transformers building blocks (when transformers is installed)."),
+) -> None:
+    """Discover operators in torch (and transformers) by introspection, probe them, save the catalogue."""
+    if out.exists():
+        out.unlink()
+    catalogue = _load_or_mine(None, out, transformers)
+    table = Table(title=f"{len(catalogue.ops)} seed operators -> {out}")
+    table.add_column("family")
+    table.add_column("torch", justify="right")
+    table.add_column("transformers", justify="right")
+    counts: dict[str, dict[str, int]] = {}
+    for op in catalogue.ops:
+        counts.setdefault(op.family, {}).setdefault(op.source, 0)
+        counts[op.family][op.source] += 1
+    for family in sorted(counts):
+        table.add_row(family, str(counts[family].get("torch", 0)), str(counts[family].get("transformers", 0)))
+    console.print(table)
+    for note in catalogue.notes:
+        console.print(f"note: {note}")
+
+
+@synth_app.command("compose")
+def compose_command(
+    n: int = typer.Option(..., "--n", help="Number of tasks to compose (composer seeds first-seed .. first-seed+n-1)."),
+    out: Path = typer.Option(Path("composed.jsonl"), help="JSONL file of composed tasks (appended to)."),
+    catalogue: Optional[Path] = typer.Option(None, help=f"Seed catalogue (default: mine one into ./{SEEDS_FILE})."),
+    first_seed: int = typer.Option(0, help="First composer seed."),
+    n_ops: Optional[int] = _COMPOSER_OPTIONS["n_ops"],
+    llm: bool = _COMPOSER_OPTIONS["llm"],
+    llm_base_url: Optional[str] = _COMPOSER_OPTIONS["llm_base_url"],
+    llm_model: Optional[str] = _COMPOSER_OPTIONS["llm_model"],
+    device: Optional[str] = typer.Option(None, help="Device the sizes are tuned for (default: cuda if visible, else cpu)."),
+    window: Optional[tuple[float, float]] = typer.Option(None, help="Target eager time LOW HIGH in ms (default per device)."),
+) -> None:
+    """Compose tasks (deterministic, shape-aware composer, or --llm) and append them to a JSONL file."""
+    device = device or default_device()
+    cat = _load_or_mine(catalogue, None if catalogue else Path(SEEDS_FILE), True)
+    composer = _composer(cat, device, _window(window), n_ops, llm, llm_base_url, llm_model)
+    progress, update = _progress_bars()
+    made = failed = 0
+    with progress, open(out, "a", encoding="utf-8") as f:
+        for i, seed in enumerate(range(first_seed, first_seed + n)):
+            try:
+                f.write(json.dumps(composer(seed).to_row()) + "\n")
+                made += 1
+            except (ValueError, RuntimeError) as exc:
+                err_console.print(f"seed {seed}: {exc}")
+                failed += 1
+            update("composing", i + 1, n)
+    console.print(f"{made} tasks appended to {out}" + (f"; {failed} seeds failed" if failed else ""))
+
+
+def _run_config(n: int, first_seed: int, device: Optional[str], window, workers: int, compile_check: bool,
+                benchmark: Optional[Path], similarity: float, max_memory_mb: float):
+    from cuda_agent.synth.filter import FilterConfig
+    from cuda_agent.synth.pipeline import RunConfig
+
+    try:
+        return RunConfig(n=n, first_seed=first_seed, workers=workers, benchmark=benchmark, similarity=similarity,
+                         filter=FilterConfig(device=device or default_device(), window_ms=_window(window),
+                                             compile=compile_check, max_memory_mb=max_memory_mb))
+    except ValueError as exc:
+        fail_usage(str(exc))
+
+
+def _run_pipeline(config, out: Path, composer, families) -> None:
+    from cuda_agent.synth.dataset import DatasetError
+    from cuda_agent.synth.pipeline import run
+
+    progress, update = _progress_bars()
+    try:
+        with progress:
+            numbers = run(config, out, composer, families=families, progress=update)
+    except KeyboardInterrupt:
+        err_console.print(f"interrupted: every decision so far is saved in {out}; run the same command to resume")
+        raise typer.Exit(130) from None
+    except DatasetError as exc:
+        fail_usage(str(exc))
+    _print_stats(numbers, out)
+
+
+_FILTER_OPTIONS = dict(
+    device=typer.Option(None, help="cuda or cpu (default: cuda if a GPU is visible, else cpu)."),
+    window=typer.Option(None, help="Accepted eager time LOW HIGH in ms (default: 1 100 on cuda, 0.5 1000 on cpu)."),
+    workers=typer.Option(2, help="Parallel filter lanes (one worker process each)."),
+    compile_check=typer.Option(True, "--compile/--no-compile", help="Require torch.compile to work and record compile_ms."),
+    benchmark=typer.Option(None, help="Benchmark folder (e.g. a KernelBench checkout) to de-contaminate against."),
+    similarity=typer.Option(0.9, help="Normalised-AST similarity at which a task counts as a copy."),
+    max_memory_mb=typer.Option(16384.0, help="Most memory one forward pass may need."),
+)
+
+
+@synth_app.command("filter")
+def filter_command(
+    composed: Path = typer.Argument(..., help="JSONL of composed tasks (from `synth compose`) or a dataset file."),
+    out: Path = typer.Option(..., help="Dataset directory to write (resumed if it exists)."),
+    device: Optional[str] = _FILTER_OPTIONS["device"],
+    window: Optional[tuple[float, float]] = _FILTER_OPTIONS["window"],
+    workers: int = _FILTER_OPTIONS["workers"],
+    compile_check: bool = _FILTER_OPTIONS["compile_check"],
+    benchmark: Optional[Path] = _FILTER_OPTIONS["benchmark"],
+    similarity: float = _FILTER_OPTIONS["similarity"],
+    max_memory_mb: float = _FILTER_OPTIONS["max_memory_mb"],
+) -> None:
+    """De-duplicate, de-contaminate and execution-filter composed tasks into a dataset directory."""
+    from cuda_agent.synth.dataset import DatasetError, read_dataset
+
+    try:
+        records = read_dataset(composed)
+    except (DatasetError, OSError) as exc:
+        fail_usage(str(exc))
+    if not records:
+        fail_usage(f"{composed}: no tasks")
+    config = _run_config(len(records), 0, device, window, workers, compile_check, benchmark, similarity, max_memory_mb)
+    _run_pipeline(config, out, lambda index: records[index], None)
+
+
+@synth_app.command("run")
+def run_command(
+    n: int = typer.Option(..., "--n", help="Composer seeds to try (the dataset keeps those that pass every stage)."),
+    out: Path = typer.Option(..., help="Dataset directory to write (resumed if it exists)."),
+    catalogue: Optional[Path] = typer.Option(None, help=f"Seed catalogue (default: mine one into OUT/{SEEDS_FILE})."),
+    first_seed: int = typer.Option(0, help="First composer seed."),
+    n_ops: Optional[int] = _COMPOSER_OPTIONS["n_ops"],
+    llm: bool = _COMPOSER_OPTIONS["llm"],
+    llm_base_url: Optional[str] = _COMPOSER_OPTIONS["llm_base_url"],
+    llm_model: Optional[str] = _COMPOSER_OPTIONS["llm_model"],
+    device: Optional[str] = _FILTER_OPTIONS["device"],
+    window: Optional[tuple[float, float]] = _FILTER_OPTIONS["window"],
+    workers: int = _FILTER_OPTIONS["workers"],
+    compile_check: bool = _FILTER_OPTIONS["compile_check"],
+    benchmark: Optional[Path] = _FILTER_OPTIONS["benchmark"],
+    similarity: float = _FILTER_OPTIONS["similarity"],
+    max_memory_mb: float = _FILTER_OPTIONS["max_memory_mb"],
+) -> None:
+    """All stages: mine (or load) seeds, compose, de-duplicate, de-contaminate, filter, write the dataset."""
+    config = _run_config(n, first_seed, device, window, workers, compile_check, benchmark, similarity, max_memory_mb)
+    out.mkdir(parents=True, exist_ok=True)
+    cat = _load_or_mine(catalogue, None if catalogue else out / SEEDS_FILE, True)
+    composer = _composer(cat, config.filter.device, config.filter.window_ms, n_ops, llm, llm_base_url, llm_model)
+    _run_pipeline(config, out, composer, _families(cat))
+
+
+@synth_app.command("stats")
+def stats_command(
+    dataset: Path = typer.Argument(..., help="Dataset directory, or its tasks.parquet / tasks.jsonl."),
+    json_out: bool = typer.Option(False, "--json", help="Print the numbers as one JSON object."),
+) -> None:
+    """Show a dataset's counts: tasks per number of fused ops and per family, the filter funnel, times."""
+    from cuda_agent.synth.dataset import DatasetError, stats
+
+    try:
+        numbers = stats(dataset)
+    except (DatasetError, OSError) as exc:
+        fail_usage(str(exc))
+    if json_out:
+        print(json.dumps(numbers, default=str))
+    else:
+        _print_stats(numbers, dataset)
+
+
+def _print_stats(numbers: dict, where: Path) -> None:
+    from cuda_agent.synth.dataset import render_card
+
+    console.print(render_card(numbers), markup=False)
+    console.print(f"dataset: {where}")
