@@ -399,8 +399,9 @@ def _eager_ms(code: str, device: str, seed: int, threads: int) -> float:
 def _median_forward_ms(code: str, device: str, seed: int) -> float:
     torch.manual_seed(seed)
     namespace = _load(code)
-    model = namespace["Model"](*namespace["get_init_inputs"]()).to(device)
-    inputs = [t.to(device) if isinstance(t, torch.Tensor) else t for t in namespace["get_inputs"]()]
+    with torch.device(device):  # create on the device: CPU-side randn of GPU-sized inputs takes seconds
+        model = namespace["Model"](*namespace["get_init_inputs"]())
+        inputs = list(namespace["get_inputs"]())
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times = []
     with torch.no_grad():

@@ -216,5 +216,6 @@ class TaskFilter:
 
 
 def _first_line(text: str) -> str:
+    """The error's type and message (the first line): later lines are hints and stack context."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else text[:300]
+    return lines[0][:300] if lines else text[:300]
