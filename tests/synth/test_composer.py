@@ -12,8 +12,9 @@ import pytest
 
 from cuda_agent.environment import load_task
 from cuda_agent.synth import composer
-from cuda_agent.synth.composer import MAX_OPS, CompositionError, compose
+from cuda_agent.synth.composer import MAX_OPS, CompositionError, DeterministicComposer, compose
 from cuda_agent.synth.mining import SeedCatalogue, load_catalogue, mine_seed_ops, save_catalogue
+from cuda_agent.synth.pipeline import compose_parallel
 
 SEEDS = range(40)
 
@@ -118,7 +119,8 @@ def gelu(catalogue: SeedCatalogue) -> tuple[SeedCatalogue, int]:
     return only, next(s for s in range(100) if "\nbatch_size = 8\n" in compose(only, s, n_ops=1).code)
 
 
-@pytest.mark.parametrize("window, expected", [((10.0, 20.0), 64), ((0.3, 0.6), 2)])
+# (1, 100): 2 ms at batch 8 is inside, but too near the edge for another clock: aimed at the middle.
+@pytest.mark.parametrize("window, expected", [((10.0, 20.0), 64), ((0.3, 0.6), 2), ((1.0, 100.0), 32)])
 def test_target_window_scales_the_batch_size_in_powers_of_two(gelu, monkeypatch: pytest.MonkeyPatch,
                                                               window, expected: int) -> None:
     only, seed = gelu
@@ -146,3 +148,11 @@ def test_catalogue_without_usable_ops_is_an_error(catalogue: SeedCatalogue) -> N
     dropout_only = SeedCatalogue(ops=[op for op in catalogue.ops if op.stochastic])
     with pytest.raises(CompositionError, match="no usable operator"):
         compose(dropout_only, 0)
+
+
+def test_composer_processes_give_the_same_tasks_as_composing_in_process(catalogue: SeedCatalogue,
+                                                                        records: dict) -> None:
+    seeds = list(range(6))
+    entries = {entry["seed"]: entry for entry in compose_parallel(DeterministicComposer(catalogue), seeds, workers=2)}
+    assert sorted(entries) == seeds
+    assert all(entries[seed]["record"]["code"] == records[seed].code for seed in seeds)

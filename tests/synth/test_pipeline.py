@@ -100,5 +100,25 @@ def test_a_torn_composed_journal_line_is_dropped_and_redone(tmp_path: Path, unin
 def test_bad_run_settings_name_the_field() -> None:
     with pytest.raises(ValueError, match="workers"):
         pipeline.RunConfig(n=3, workers=0)
+    with pytest.raises(ValueError, match="time_limit_s"):
+        pipeline.RunConfig(n=3, time_limit_s=0)
     with pytest.raises(ValueError, match="benchmark"):
         pipeline.RunConfig(n=3, benchmark=Path("/nonexistent/kernelbench"))
+
+
+@pytest.mark.parametrize("stage", ["compose", "filter"])
+def test_a_run_stopped_by_its_time_limit_writes_a_card_and_resumes_to_the_same_dataset(
+        tmp_path: Path, uninterrupted: Path, stage: str) -> None:
+    config = _config()
+    if stage == "filter":
+        pipeline.compose_all(config, tmp_path / pipeline.COMPOSED, _composer)
+    config.time_limit_s = 1e-6
+    numbers = pipeline.run(config, tmp_path, _composer)
+    assert numbers["tasks"] == 0 and numbers["pending"] > 0 and numbers["this_run"]["accepted"] == 0
+    if stage == "filter":
+        assert numbers["pending"] == 5  # 7 seeds: one composer failure, one repeat of tanh
+    assert (tmp_path / "README.md").exists() and (tmp_path / "tasks.parquet").exists()
+    config.time_limit_s = None
+    numbers = pipeline.run(config, tmp_path, _composer)
+    assert numbers["pending"] == 0 and numbers["this_run"]["accepted"] == numbers["tasks"] == 4
+    assert _same_tasks(tmp_path, uninterrupted)

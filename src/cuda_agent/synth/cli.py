@@ -60,21 +60,18 @@ def _window(window: Optional[tuple[float, float]]) -> Optional[tuple[float, floa
 def _composer(catalogue, device: str, window: Optional[tuple[float, float]], n_ops: Optional[int],
               llm: bool, llm_base_url: Optional[str], llm_model: Optional[str]):
     """``seed -> TaskRecord``: the deterministic composer, or the LLM composing the operators the
-    deterministic composer sampled for that seed (so both draw from the same compatible chains)."""
-    from cuda_agent.synth.composer import compose
-    from cuda_agent.synth.filter import DEFAULT_WINDOWS_MS
-
+    deterministic composer sampled for that seed."""
     if not llm:
-        target = window or DEFAULT_WINDOWS_MS[device]
-        return lambda seed: compose(catalogue, seed, n_ops, target_ms=target, device=device)
-    from cuda_agent.synth.llm_composer import LLMComposer, LLMConfig
+        from cuda_agent.synth.composer import DeterministicComposer
+        from cuda_agent.synth.filter import DEFAULT_WINDOWS_MS
+
+        return DeterministicComposer(catalogue, n_ops, target_ms=window or DEFAULT_WINDOWS_MS[device], device=device)
+    from cuda_agent.synth.llm_composer import LLMConfig, SampledChainComposer
 
     try:
-        composer = LLMComposer(LLMConfig.from_env(base_url=llm_base_url, model=llm_model))
+        return SampledChainComposer(catalogue, LLMConfig.from_env(base_url=llm_base_url, model=llm_model), n_ops)
     except ValueError as exc:
         fail_usage(str(exc))
-    by_name = {op.name: op for op in catalogue.ops}
-    return lambda seed: composer.compose([by_name[name] for name in compose(catalogue, seed, n_ops).ops], seed)
 
 
 _COMPOSER_OPTIONS = dict(
@@ -127,34 +124,47 @@ def compose_command(
     llm_model: Optional[str] = _COMPOSER_OPTIONS["llm_model"],
     device: Optional[str] = typer.Option(None, help="Device the sizes are tuned for (default: cuda if visible, else cpu)."),
     window: Optional[tuple[float, float]] = typer.Option(None, help="Target eager time LOW HIGH in ms (default per device)."),
+    workers: int = typer.Option(2, help="Composer processes (or LLM requests in flight) at once."),
 ) -> None:
     """Compose tasks (deterministic, shape-aware composer, or --llm) and append them to a JSONL file."""
+    from cuda_agent.synth.pipeline import compose_parallel
+
+    if n < 1 or workers < 1:
+        fail_usage(f"--n and --workers must be >= 1, got {n} and {workers}")
     device = device or default_device()
     cat = _load_or_mine(catalogue, None if catalogue else Path(SEEDS_FILE), True)
     composer = _composer(cat, device, _window(window), n_ops, llm, llm_base_url, llm_model)
     progress, update = _progress_bars()
     made = failed = 0
     with progress, open(out, "a", encoding="utf-8") as f:
-        for i, seed in enumerate(range(first_seed, first_seed + n)):
-            try:
-                f.write(json.dumps(composer(seed).to_row()) + "\n")
+        for i, entry in enumerate(compose_parallel(composer, list(range(first_seed, first_seed + n)), workers)):
+            if "record" in entry:
+                f.write(json.dumps(entry["record"]) + "\n")
                 made += 1
-            except (ValueError, RuntimeError) as exc:
-                err_console.print(f"seed {seed}: {exc}")
+            else:
+                err_console.print(f"seed {entry['seed']}: {entry['error']}")
                 failed += 1
             update("composing", i + 1, n)
     console.print(f"{made} tasks appended to {out}" + (f"; {failed} seeds failed" if failed else ""))
 
 
-def _run_config(n: int, first_seed: int, device: Optional[str], window, workers: int, compile_check: bool,
-                benchmark: Optional[Path], similarity: float, max_memory_mb: float):
+def _filter_options(arguments: dict) -> dict:
+    """A command's values of the shared options (:data:`_FILTER_OPTIONS`), from its ``locals()``."""
+    return {name: arguments[name] for name in _FILTER_OPTIONS}
+
+
+def _run_config(n: int, first_seed: int, options: dict):
+    """The pipeline config from the shared filter options (:data:`_FILTER_OPTIONS`)."""
     from cuda_agent.synth.filter import FilterConfig
     from cuda_agent.synth.pipeline import RunConfig
 
     try:
-        return RunConfig(n=n, first_seed=first_seed, workers=workers, benchmark=benchmark, similarity=similarity,
-                         filter=FilterConfig(device=device or default_device(), window_ms=_window(window),
-                                             compile=compile_check, max_memory_mb=max_memory_mb))
+        filter_config = FilterConfig(device=options["device"] or default_device(), window_ms=_window(options["window"]),
+                                     compile=options["compile_check"], max_memory_mb=options["max_memory_mb"],
+                                     restart_every=options["restart_every"])
+        return RunConfig(n=n, first_seed=first_seed, workers=options["workers"], benchmark=options["benchmark"],
+                         similarity=options["similarity"], filter=filter_config,
+                         time_limit_s=None if options["time_limit"] is None else options["time_limit"] * 60)
     except ValueError as exc:
         fail_usage(str(exc))
 
@@ -173,16 +183,27 @@ def _run_pipeline(config, out: Path, composer, families) -> None:
     except DatasetError as exc:
         fail_usage(str(exc))
     _print_stats(numbers, out)
+    this_run = numbers["this_run"]
+    console.print(f"this run: {this_run['accepted']} accepted of {this_run['decided']} decided in "
+                  f"{this_run['seconds']:.0f} s ({this_run['accepted_per_minute']:.1f} accepted/min)")
+    if numbers["pending"]:
+        console.print(f"time limit reached: {numbers['pending']} composer seeds are not decided yet; "
+                      "run the same command to resume")
 
 
 _FILTER_OPTIONS = dict(
     device=typer.Option(None, help="cuda or cpu (default: cuda if a GPU is visible, else cpu)."),
     window=typer.Option(None, help="Accepted eager time LOW HIGH in ms (default: 1 100 on cuda, 0.5 1000 on cpu)."),
-    workers=typer.Option(2, help="Parallel filter lanes (one worker process each)."),
+    workers=typer.Option(2, help="Parallel lanes per stage: composer processes (or LLM requests), then filter "
+                                 "worker processes."),
     compile_check=typer.Option(True, "--compile/--no-compile", help="Require torch.compile to work and record compile_ms."),
     benchmark=typer.Option(None, help="Benchmark folder (e.g. a KernelBench checkout) to de-contaminate against."),
     similarity=typer.Option(0.9, help="Normalised-AST similarity at which a task counts as a copy."),
     max_memory_mb=typer.Option(16384.0, help="Most memory one forward pass may need."),
+    restart_every=typer.Option(1, help="Tasks a filter worker checks before a fresh one starts (1: every task in a "
+                                       "clean process; more saves a worker start and torch.compile's warm-up)."),
+    time_limit=typer.Option(None, help="Minutes after which no new work starts; what was decided is written and the "
+                                       "same command resumes."),
 )
 
 
@@ -197,6 +218,8 @@ def filter_command(
     benchmark: Optional[Path] = _FILTER_OPTIONS["benchmark"],
     similarity: float = _FILTER_OPTIONS["similarity"],
     max_memory_mb: float = _FILTER_OPTIONS["max_memory_mb"],
+    restart_every: int = _FILTER_OPTIONS["restart_every"],
+    time_limit: Optional[float] = _FILTER_OPTIONS["time_limit"],
 ) -> None:
     """De-duplicate, de-contaminate and execution-filter composed tasks into a dataset directory."""
     from cuda_agent.synth.dataset import DatasetError, read_dataset
@@ -207,7 +230,7 @@ def filter_command(
         fail_usage(str(exc))
     if not records:
         fail_usage(f"{composed}: no tasks")
-    config = _run_config(len(records), 0, device, window, workers, compile_check, benchmark, similarity, max_memory_mb)
+    config = _run_config(len(records), 0, _filter_options(locals()))
     _run_pipeline(config, out, lambda index: records[index], None)
 
 
@@ -228,9 +251,11 @@ def run_command(
     benchmark: Optional[Path] = _FILTER_OPTIONS["benchmark"],
     similarity: float = _FILTER_OPTIONS["similarity"],
     max_memory_mb: float = _FILTER_OPTIONS["max_memory_mb"],
+    restart_every: int = _FILTER_OPTIONS["restart_every"],
+    time_limit: Optional[float] = _FILTER_OPTIONS["time_limit"],
 ) -> None:
     """All stages: mine (or load) seeds, compose, de-duplicate, de-contaminate, filter, write the dataset."""
-    config = _run_config(n, first_seed, device, window, workers, compile_check, benchmark, similarity, max_memory_mb)
+    config = _run_config(n, first_seed, _filter_options(locals()))
     out.mkdir(parents=True, exist_ok=True)
     cat = _load_or_mine(catalogue, None if catalogue else out / SEEDS_FILE, True)
     composer = _composer(cat, config.filter.device, config.filter.window_ms, n_ops, llm, llm_base_url, llm_model)

@@ -21,10 +21,12 @@ import re
 import statistics
 import time
 import warnings
-from typing import Any, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator
 
 import torch
 
+from cuda_agent.synth.device_lock import measuring
 from cuda_agent.synth.mining import SeedCatalogue, import_object, instantiate
 from cuda_agent.synth.records import SeedOp, TaskRecord
 
@@ -42,6 +44,11 @@ _MAX_INPUT_BYTES = 1 << 30
 _MAX_PARAMS = 1 << 27
 _SIZING_STEPS = 6
 _TIMED_CALLS = 3
+
+
+_SIZING_MARGIN = 3.0
+"""Sizing aims inside the window by this factor at each end (e.g. 3-33 ms for 1-100 ms), so that
+the filter's own measurement, taken another time and another way, still lands in the window."""
 
 
 class CompositionError(RuntimeError):
@@ -62,8 +69,8 @@ def compose(catalogue: SeedCatalogue, seed: int, n_ops: int | None = None,
         seed: the only source of randomness: the same seed gives the same task.
         n_ops: operators to fuse, 1-5; drawn from the seed when ``None``.
         target_ms: ``(low, high)`` eager-time window in ms; the batch size is scaled (in powers of
-            two, at most 6 times) until a forward pass on ``device`` lands in it, else the closest
-            size is kept (the execution filter decides).
+            two, at most 6 times) until a forward pass on ``device`` lands well inside it (by
+            :data:`_SIZING_MARGIN`), else the closest size is kept (the execution filter decides).
         device: where sizing is timed.
         allow_stochastic: also use ops whose output is random (dropout); off by default.
         allow_inplace: also use ops that write into their input; off by default.
@@ -103,6 +110,22 @@ def compose(catalogue: SeedCatalogue, seed: int, n_ops: int | None = None,
                               source=source, seed_ops_version=catalogue.version)
     raise CompositionError(f"no chain of {n_ops} compatible operators found for seed {seed} "
                            f"in {_MAX_ATTEMPTS} attempts ({len(pool)} usable operators)")
+
+
+@dataclass(frozen=True)
+class DeterministicComposer:
+    """``seed -> TaskRecord`` with fixed settings; picklable, so the pipeline can run it in
+    worker processes (:attr:`parallel`)."""
+
+    catalogue: SeedCatalogue
+    n_ops: int | None = None
+    target_ms: tuple[float, float] | None = None
+    device: str = "cpu"
+    parallel: ClassVar[str] = "processes"
+    """How the pipeline runs several at once: sizing is CPU and GPU work, not I/O."""
+
+    def __call__(self, seed: int) -> TaskRecord:
+        return compose(self.catalogue, seed, self.n_ops, target_ms=self.target_ms, device=self.device)
 
 
 # --------------------------------------------------------------------------- sampling
@@ -404,7 +427,7 @@ def _median_forward_ms(code: str, device: str, seed: int) -> float:
         inputs = list(namespace["get_inputs"]())
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     times = []
-    with torch.no_grad():
+    with torch.no_grad(), measuring(device):
         for call in range(_TIMED_CALLS + 1):
             sync()
             started = time.perf_counter()
@@ -416,13 +439,15 @@ def _median_forward_ms(code: str, device: str, seed: int) -> float:
 
 
 def _sized_code(chain: _Chain, seed: int, target_ms: tuple[float, float], device: str, threads: int) -> str:
-    """Scale the first input dim that no constructor depends on, in powers of two, towards the window.
+    """Scale the first input dim that no constructor depends on, in powers of two, towards the window
+    (narrowed by :data:`_SIZING_MARGIN`).
 
     Returns:
         The source whose eager time was closest to the window (log distance); the first one if
         timing fails.
     """
-    low, high = target_ms
+    margin = min(_SIZING_MARGIN, (target_ms[1] / target_ms[0]) ** 0.25)
+    low, high = target_ms[0] * margin, target_ms[1] / margin
     free = next((name for name in chain.dims if name not in chain.init_params), None)
     best_code, best_gap = chain.source(), math.inf
     for _ in range(_SIZING_STEPS):

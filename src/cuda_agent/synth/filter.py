@@ -13,8 +13,10 @@ Each rule is a named reason, so a run can report its funnel. In order (cheapest 
 ``timeout`` / ``worker-died``  the task hung or killed its worker
 
 Task code runs in the trusted reference worker of the evaluation environment (its own process,
-with a memory limit and a timeout per step), never in the caller. Compilation may run in parallel
-across filters; timing takes a per-device lock, so measurements never overlap.
+with a memory limit and a timeout per step), never in the caller. The checks' forward passes and
+the timing take the device's measurement lock (:mod:`cuda_agent.synth.device_lock`), so lanes
+never time while another runs the GPU; only ``torch.compile`` (building, then a warm-up call)
+runs outside it, so compilation proceeds in parallel.
 """
 
 from __future__ import annotations
@@ -22,13 +24,13 @@ from __future__ import annotations
 import dataclasses
 import shutil
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProcess, WorkerTimeout, child_env
+from cuda_agent.synth.device_lock import measuring
 from cuda_agent.synth.records import TaskRecord
 
 REASONS = ("import-error", "eager-error", "too-much-memory", "degenerate-output", "nondeterministic",
@@ -46,16 +48,6 @@ _DEGENERACY_REASONS = {
 
 DEFAULT_WINDOWS_MS = {"cuda": (1.0, 100.0), "cpu": (0.5, 1000.0)}
 """Accepted eager time per device: the paper's window on GPUs; a wider one for the CPU backend."""
-
-_TIMING_LOCKS: dict[str, threading.Lock] = {}
-_TIMING_LOCKS_GUARD = threading.Lock()
-
-
-def timing_lock(device: str) -> threading.Lock:
-    """One lock per device for this process: filters time one task at a time."""
-    with _TIMING_LOCKS_GUARD:
-        return _TIMING_LOCKS.setdefault(device, threading.Lock())
-
 
 def _filter_timing() -> TimingConfig:
     return TimingConfig(warmup_calls=2, warmup_ms=50.0, min_samples=5, max_samples=200,
@@ -160,12 +152,14 @@ class TaskFilter:
         task_file.write_text(record.code)
         self._ask("import-error", {"op": "load", "task_file": str(task_file), "device": config.device,
                                    "init_seed": 42, "precision": "kernelbench"})
-        memory = self._ask("eager-error", {"op": "footprint", "seed": 42})["bytes"] / 2**20
-        outcome.memory_mb = memory
-        if memory > config.max_memory_mb:
-            raise _Rejected("too-much-memory", f"one forward pass needs {memory:.0f} MB > {config.max_memory_mb:g} MB")
-        flags = self._ask("eager-error", {"op": "degeneracy", "seeds": config.degenerate_seeds,
-                                          "atol": config.degenerate_atol})
+        with measuring(config.device):  # these forward passes would slow another lane's timing
+            memory = self._ask("eager-error", {"op": "footprint", "seed": 42})["bytes"] / 2**20
+            outcome.memory_mb = memory
+            if memory > config.max_memory_mb:
+                raise _Rejected("too-much-memory",
+                                f"one forward pass needs {memory:.0f} MB > {config.max_memory_mb:g} MB")
+            flags = self._ask("eager-error", {"op": "degeneracy", "seeds": config.degenerate_seeds,
+                                              "atol": config.degenerate_atol})
         found = {_DEGENERACY_REASONS.get(flag, "degenerate-output"): detail
                  for flag, detail in zip(flags["flags"], flags["details"])}
         for reason in REASONS:  # the first rule in order: a tiny output also looks input-independent
@@ -183,7 +177,7 @@ class TaskFilter:
             outcome.compile_ms = self._time("compile_tf32_off", timing)
 
     def _time(self, variant: str, timing: dict[str, Any]) -> float:
-        with timing_lock(self.config.device):
+        with measuring(self.config.device):
             reply = self._ask("compile-error" if variant.startswith("compile") else "eager-error",
                               {"op": "baselines", "variants": [variant], "seed": 42, "timing": timing})
         return float(reply["stats"][variant]["median_ms"])
@@ -206,7 +200,9 @@ class TaskFilter:
             self._worker.close()
             self._worker = None
         if self._worker is None:
-            self._worker = WorkerProcess("cuda_agent.environment.reference_worker", env=child_env(),
+            # Parallelism comes from the lanes: one inductor compile thread each, not a pool per lane.
+            env = child_env({"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+            self._worker = WorkerProcess("cuda_agent.environment.reference_worker", env=env,
                                          cwd=self._scratch, log_path=self._scratch / "worker.log",
                                          mem_mb=self.config.worker_mem_mb)
             self._served = 0

@@ -30,10 +30,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from cuda_agent.environment.task import TaskLoadError, check_source
 from cuda_agent.synth.records import SeedOp, TaskRecord
+
+if TYPE_CHECKING:
+    from cuda_agent.synth.mining import SeedCatalogue
 
 logger = logging.getLogger(__name__)
 
@@ -491,6 +494,28 @@ class LLMComposer:
                               seed=seed, source=source)
         raise LLMCompositionError(f"llm: no valid task for seed {seed} after {self.config.max_repairs + 1} "
                                   f"replies (max_repairs={self.config.max_repairs}); last reason: {reason}")
+
+
+class SampledChainComposer:
+    """``seed -> TaskRecord``: the LLM composes the operators the deterministic composer samples
+    for that seed, so both composers draw from the same compatible chains."""
+
+    parallel: ClassVar[str] = "threads"
+    """How the pipeline runs several at once: the work is waiting on the endpoint."""
+
+    def __init__(self, catalogue: SeedCatalogue, config: LLMConfig, n_ops: int | None = None,
+                 usage: UsageLog | None = None) -> None:
+        self.catalogue, self.n_ops = catalogue, n_ops
+        self.composer = LLMComposer(config, usage)
+        self._by_name = {op.name: op for op in catalogue.ops}
+        self._sampling = threading.Lock()  # sampling forks torch's global RNG: one thread at a time
+
+    def __call__(self, seed: int) -> TaskRecord:
+        from cuda_agent.synth.composer import compose  # torch; only when an LLM composes
+
+        with self._sampling:
+            names = compose(self.catalogue, seed, self.n_ops).ops
+        return self.composer.compose([self._by_name[name] for name in names], seed)
 
 
 @dataclass(frozen=True)

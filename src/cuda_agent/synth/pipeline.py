@@ -9,14 +9,20 @@ Every stage writes down what it decided before moving on, so a crash or Ctrl-C l
   task on each (re)start; their drops are journaled like filter rejections;
 - the execution filter runs ``workers`` lanes in parallel and journals each decision as it comes;
   tasks already decided are skipped.
+
+With a time limit, a stage stops starting work when it runs out (work in flight is dropped, as on
+Ctrl-C); the dataset is finalized from what was decided, and running the same command resumes.
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
-from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+import signal
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +47,9 @@ class RunConfig:
     first_seed: int = 0
     filter: FilterConfig = field(default_factory=FilterConfig)
     workers: int = 1
-    """Parallel filter lanes (one worker process each)."""
+    """Parallel lanes per stage: composer processes (or LLM requests), then filter worker processes."""
+    time_limit_s: float | None = None
+    """Stop starting work after this many seconds (then finalize what was decided); ``None``: no limit."""
     benchmark: Path | None = None
     """Benchmark directory (e.g. a KernelBench checkout) to de-contaminate against."""
     similarity: float = 0.9
@@ -52,6 +60,8 @@ class RunConfig:
             raise ValueError(f"synth: n must be >= 1, got {self.n}")
         if self.workers < 1:
             raise ValueError(f"synth: workers must be >= 1, got {self.workers}")
+        if self.time_limit_s is not None and self.time_limit_s <= 0:
+            raise ValueError(f"synth: time_limit_s must be > 0, got {self.time_limit_s}")
         if not 0 < self.similarity <= 1:
             raise ValueError(f"synth: similarity must be in (0, 1], got {self.similarity}")
         if self.benchmark is not None and not Path(self.benchmark).is_dir():
@@ -63,92 +73,170 @@ def run(config: RunConfig, out_dir: str | Path, composer: Callable[[int], TaskRe
     """Run every stage into ``out_dir`` (resuming it if it exists); return the dataset card's numbers.
 
     ``composer(seed)`` makes one task or raises ``ValueError`` / ``RuntimeError`` when it cannot
-    (counted as a ``compose`` rejection). ``families`` maps operator names to families for the card.
+    (counted as a ``compose`` rejection). Its ``parallel`` attribute says how to run ``workers`` of
+    them at once: ``"processes"`` (it must pickle) or ``"threads"`` (the default). ``families``
+    maps operator names to families for the card. The numbers gain ``pending`` (composer seeds
+    not decided yet because the time limit was reached) and ``this_run`` (``seconds``, and the
+    ``accepted`` and ``decided`` tasks of this call, ``accepted_per_minute``).
     """
     out_dir = Path(out_dir)
+    deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
     benchmark = load_benchmark(config.benchmark) if config.benchmark is not None else {}
     info = DatasetInfo(device=config.filter.device, eager_window_ms=config.filter.window)
+    started = time.monotonic()
     with DatasetWriter.open(out_dir, info) as writer:
-        composed = compose_all(config, out_dir / COMPOSED, composer, progress)
+        accepted_before, decided_before = len(writer.accepted), len(writer.decided)
+        composed = compose_all(config, out_dir / COMPOSED, composer, progress, deadline)
         writer.append(rejected=composed.failures)
-        candidates = _unique(composed.records)
-        kept, dropped = deduplicate(candidates, config.similarity)
-        if benchmark:
-            kept, contaminated = decontaminate(kept, benchmark, config.similarity)
-            dropped += contaminated
-        writer.append(rejected=[Rejection(d.record.id, "decontaminate", d.reason, f"{d.matched} {d.score:.3f}")
-                                for d in dropped])
-        pending = [record for record in kept if record.id not in writer.decided]
-        filter_all(pending, config, writer, progress)
-        return writer.finalize(families)
+        pending: list[TaskRecord] = []
+        if composed.missing == 0:  # de-duplication keeps the earliest seed: it needs them all
+            candidates = _unique(composed.records)
+            kept, dropped = deduplicate(candidates, config.similarity)
+            if benchmark:
+                kept, contaminated = decontaminate(kept, benchmark, config.similarity)
+                dropped += contaminated
+            writer.append(rejected=[Rejection(d.record.id, "decontaminate", d.reason, f"{d.matched} {d.score:.3f}")
+                                    for d in dropped])
+            pending = [record for record in kept if record.id not in writer.decided]
+            pending = filter_all(pending, config, writer, progress, deadline)
+        numbers = writer.finalize(families)
+    seconds = time.monotonic() - started
+    accepted = numbers["tasks"] - accepted_before
+    numbers["pending"] = composed.missing + len(pending)
+    numbers["this_run"] = {"seconds": seconds, "accepted": accepted, "decided": numbers["decided"] - decided_before,
+                           "accepted_per_minute": accepted * 60 / seconds}
+    return numbers
 
 
 @dataclass
 class Composed:
     records: list[TaskRecord]
     failures: list[Rejection]
+    missing: int = 0
+    """Seeds not composed yet (the time limit came first)."""
 
 
 def compose_all(config: RunConfig, journal: Path, composer: Callable[[int], TaskRecord],
-                progress: Progress | None = None) -> Composed:
-    """Compose every seed not yet in ``journal``, appending each result as it is made."""
+                progress: Progress | None = None, deadline: float | None = None) -> Composed:
+    """Compose every seed not yet in ``journal`` with ``config.workers`` at once, appending each
+    result as it is made; seeds still to do at ``deadline`` (``time.monotonic()``) are left."""
     done = _read_composed(journal)
     seeds = range(config.first_seed, config.first_seed + config.n)
     todo = [seed for seed in seeds if seed not in done]
     with open(journal, "a", encoding="utf-8") as out:
-        for i, seed in enumerate(todo):
-            try:
-                entry: dict[str, Any] = {"seed": seed, "record": composer(seed).to_row()}
-            except (ValueError, RuntimeError) as exc:
-                entry = {"seed": seed, "error": f"{type(exc).__name__}: {exc}"}
+        for i, entry in enumerate(compose_parallel(composer, todo, config.workers, deadline)):
             out.write(json.dumps(entry) + "\n")
             out.flush()
             os.fsync(out.fileno())
-            done[seed] = entry
+            done[entry["seed"]] = entry
             if progress:
                 progress("compose", i + 1, len(todo))
     records, failures = [], []
     for seed in seeds:
-        entry = done[seed]
+        entry = done.get(seed)
+        if entry is None:
+            continue
         if "record" in entry:
             records.append(TaskRecord.from_row(entry["record"]))
         else:
             failures.append(Rejection(f"seed-{seed}", "compose", "composer-failed", entry["error"]))
-    return Composed(records, failures)
+    return Composed(records, failures, missing=sum(seed not in done for seed in seeds))
+
+
+def _compose_entry(composer: Callable[[int], TaskRecord], seed: int) -> dict[str, Any]:
+    try:
+        return {"seed": seed, "record": composer(seed).to_row()}
+    except (ValueError, RuntimeError) as exc:
+        return {"seed": seed, "error": f"{type(exc).__name__}: {exc}"}
+
+
+_PROCESS_COMPOSER: Callable[[int], TaskRecord] | None = None
+
+
+def _install_composer(composer: Callable[[int], TaskRecord]) -> None:
+    """Composer process start-up: keep the composer; Ctrl-C is the parent's to handle."""
+    global _PROCESS_COMPOSER
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _PROCESS_COMPOSER = composer
+
+
+def _compose_in_process(seed: int) -> dict[str, Any]:
+    assert _PROCESS_COMPOSER is not None
+    return _compose_entry(_PROCESS_COMPOSER, seed)
+
+
+def compose_parallel(composer: Callable[[int], TaskRecord], seeds: list[int], workers: int,
+                     deadline: float | None = None) -> Iterator[dict[str, Any]]:
+    """``{"seed", "record"}`` (a :meth:`TaskRecord.to_row`) or ``{"seed", "error"}`` per seed, in the
+    order they finish, ``workers`` at once (processes or threads, per ``composer.parallel``), until
+    ``deadline`` (``time.monotonic()``)."""
+    def expired() -> bool:
+        return deadline is not None and time.monotonic() >= deadline
+
+    if workers == 1 or len(seeds) < 2:
+        for seed in seeds:
+            if expired():
+                return
+            yield _compose_entry(composer, seed)
+        return
+    pool: Executor
+    if getattr(composer, "parallel", "threads") == "processes":
+        pool = ProcessPoolExecutor(min(workers, len(seeds)), mp_context=multiprocessing.get_context("spawn"),
+                                   initializer=_install_composer, initargs=(composer,))
+        futures = [pool.submit(_compose_in_process, seed) for seed in seeds]
+    else:
+        pool = ThreadPoolExecutor(min(workers, len(seeds)), thread_name_prefix="composer")
+        futures = [pool.submit(_compose_entry, composer, seed) for seed in seeds]
+    try:
+        running = set(futures)
+        while running:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, running = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            for future in ready:
+                yield future.result()
+            if expired():
+                return
+    finally:  # a time limit or Ctrl-C: drop what has not finished
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def filter_all(records: list[TaskRecord], config: RunConfig, writer: DatasetWriter,
-               progress: Progress | None = None) -> None:
-    """Run the execution filter over ``records`` in ``config.workers`` lanes, journaling each decision."""
+               progress: Progress | None = None, deadline: float | None = None) -> list[TaskRecord]:
+    """Run the execution filter over ``records`` in ``config.workers`` lanes, journaling each
+    decision; returns the records left undecided at ``deadline`` (``time.monotonic()``)."""
     if not records:
-        return
+        return []
     lanes = [TaskFilter(config.filter) for _ in range(min(config.workers, len(records)))]
     pool = ThreadPoolExecutor(max_workers=len(lanes))
     queue = iter(records)
     running: dict[Future, tuple[TaskFilter, TaskRecord]] = {}
+    decided: set[str] = set()
 
     def feed(lane: TaskFilter) -> None:
         record = next(queue, None)
-        if record is not None:
+        if record is not None and (deadline is None or time.monotonic() < deadline):
             running[pool.submit(lane.check, record)] = (lane, record)
 
     try:
         for lane in lanes:
             feed(lane)
-        finished = 0
         while running:
-            ready, _ = wait(running, return_when=FIRST_COMPLETED)
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            if not ready:
+                break  # the time limit: checks in flight are dropped
             for future in ready:
                 lane, record = running.pop(future)
                 _journal_outcome(writer, record, future.result(), config.filter.device)
-                finished += 1
+                decided.add(record.id)
                 if progress:
-                    progress("filter", finished, len(records))
+                    progress("filter", len(decided), len(records))
                 feed(lane)
     finally:
-        for lane in lanes:  # on Ctrl-C, stops in-flight checks at once; their results are not journaled
+        for lane in lanes:  # on Ctrl-C or the time limit, stops in-flight checks at once; they are not journaled
             lane.close()
         pool.shutdown(wait=True, cancel_futures=True)
+    return [record for record in records if record.id not in decided]
 
 
 def _journal_outcome(writer: DatasetWriter, record: TaskRecord, outcome: FilterOutcome, device: str) -> None:
