@@ -14,7 +14,8 @@ from cuda_agent.environment import load_task
 from cuda_agent.synth import composer
 from cuda_agent.synth.composer import MAX_OPS, CompositionError, DeterministicComposer, compose
 from cuda_agent.synth.mining import SeedCatalogue, load_catalogue, mine_seed_ops, save_catalogue
-from cuda_agent.synth.pipeline import compose_parallel
+from cuda_agent.synth.records import TaskRecord
+from cuda_agent.synth.compose_workers import compose_parallel
 
 SEEDS = range(40)
 
@@ -156,3 +157,22 @@ def test_composer_processes_give_the_same_tasks_as_composing_in_process(catalogu
     entries = {entry["seed"]: entry for entry in compose_parallel(DeterministicComposer(catalogue), seeds, workers=2)}
     assert sorted(entries) == seeds
     assert all(entries[seed]["record"]["code"] == records[seed].code for seed in seeds)
+
+
+class CrashOnSeedOne:
+    """A composer whose seed 1 takes its process down with a segfault, as a broken kernel would."""
+
+    parallel = "processes"
+
+    def __call__(self, seed: int) -> TaskRecord:
+        if seed == 1:
+            import ctypes
+            ctypes.string_at(0)
+        return TaskRecord(f"# task {seed}\n", ["torch.relu"], "deterministic", seed)
+
+
+def test_a_seed_that_kills_its_composer_process_costs_only_that_seed() -> None:
+    entries = {entry["seed"]: entry for entry in compose_parallel(CrashOnSeedOne(), [0, 1, 2, 3], workers=2)}
+    assert sorted(entries) == [0, 1, 2, 3]
+    assert "SIGSEGV" in entries[1]["error"]
+    assert all(entries[seed]["record"]["code"] == f"# task {seed}\n" for seed in (0, 2, 3))

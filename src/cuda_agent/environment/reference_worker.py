@@ -10,6 +10,7 @@ the expected outputs in memory nor change TF32 or other global state before the 
 from __future__ import annotations
 
 import copy
+import gc
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,7 @@ class ReferenceWorker:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
         self.policy = POLICIES.get(msg["precision"])
+        self._release_task()
         self.module = import_file(Path(msg["task_file"]), "reference_task")
         missing = [n for n in REQUIRED_NAMES if not hasattr(self.module, n)]
         if missing:
@@ -84,6 +86,15 @@ class ReferenceWorker:
             except Exception as exc:  # noqa: BLE001 - reported as a precision fallback
                 self.fp64_error = f"{type(exc).__name__}: {exc}"
         return {"environment": self._environment()}
+
+    def _release_task(self) -> None:
+        """Drop the previous task's model and give its cached GPU memory back, so a worker that
+        serves many tasks (the synthesis filter) holds only the current one's."""
+        self.model = self.compiled = self.model64 = None
+        self.fp64_error = None
+        if torch.cuda.is_initialized():
+            gc.collect()
+            torch.cuda.empty_cache()
 
     def make_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Generate one input set from a secret seed, compute the references, save the inputs."""

@@ -127,7 +127,7 @@ def compose_command(
     workers: int = typer.Option(2, help="Composer processes (or LLM requests in flight) at once."),
 ) -> None:
     """Compose tasks (deterministic, shape-aware composer, or --llm) and append them to a JSONL file."""
-    from cuda_agent.synth.pipeline import compose_parallel
+    from cuda_agent.synth.compose_workers import compose_parallel
 
     if n < 1 or workers < 1:
         fail_usage(f"--n and --workers must be >= 1, got {n} and {workers}")
@@ -180,12 +180,15 @@ def _run_pipeline(config, out: Path, composer, families) -> None:
     except KeyboardInterrupt:
         err_console.print(f"interrupted: every decision so far is saved in {out}; run the same command to resume")
         raise typer.Exit(130) from None
-    except DatasetError as exc:
+    except (DatasetError, ValueError) as exc:
         fail_usage(str(exc))
     _print_stats(numbers, out)
     this_run = numbers["this_run"]
     console.print(f"this run: {this_run['accepted']} accepted of {this_run['decided']} decided in "
                   f"{this_run['seconds']:.0f} s ({this_run['accepted_per_minute']:.1f} accepted/min)")
+    if this_run["filter_lane_seconds"]:
+        console.print("filter time per step, summed over lanes: " + ", ".join(
+            f"{step} {seconds:.0f} s" for step, seconds in sorted(this_run["filter_lane_seconds"].items())))
     if numbers["pending"]:
         console.print(f"time limit reached: {numbers['pending']} composer seeds are not decided yet; "
                       "run the same command to resume")
@@ -199,7 +202,8 @@ _FILTER_OPTIONS = dict(
     compile_check=typer.Option(True, "--compile/--no-compile", help="Require torch.compile to work and record compile_ms."),
     benchmark=typer.Option(None, help="Benchmark folder (e.g. a KernelBench checkout) to de-contaminate against."),
     similarity=typer.Option(0.9, help="Normalised-AST similarity at which a task counts as a copy."),
-    max_memory_mb=typer.Option(16384.0, help="Most memory one forward pass may need."),
+    max_memory_mb=typer.Option(None, help="Most memory (MB) one forward pass may need (default: 4096 on cuda, "
+                                          "16384 on cpu); on a GPU, workers x this must fit its memory."),
     restart_every=typer.Option(1, help="Tasks a filter worker checks before a fresh one starts (1: every task in a "
                                        "clean process; more saves a worker start and torch.compile's warm-up)."),
     time_limit=typer.Option(None, help="Minutes after which no new work starts; what was decided is written and the "
@@ -217,7 +221,7 @@ def filter_command(
     compile_check: bool = _FILTER_OPTIONS["compile_check"],
     benchmark: Optional[Path] = _FILTER_OPTIONS["benchmark"],
     similarity: float = _FILTER_OPTIONS["similarity"],
-    max_memory_mb: float = _FILTER_OPTIONS["max_memory_mb"],
+    max_memory_mb: Optional[float] = _FILTER_OPTIONS["max_memory_mb"],
     restart_every: int = _FILTER_OPTIONS["restart_every"],
     time_limit: Optional[float] = _FILTER_OPTIONS["time_limit"],
 ) -> None:
@@ -250,7 +254,7 @@ def run_command(
     compile_check: bool = _FILTER_OPTIONS["compile_check"],
     benchmark: Optional[Path] = _FILTER_OPTIONS["benchmark"],
     similarity: float = _FILTER_OPTIONS["similarity"],
-    max_memory_mb: float = _FILTER_OPTIONS["max_memory_mb"],
+    max_memory_mb: Optional[float] = _FILTER_OPTIONS["max_memory_mb"],
     restart_every: int = _FILTER_OPTIONS["restart_every"],
     time_limit: Optional[float] = _FILTER_OPTIONS["time_limit"],
 ) -> None:

@@ -177,8 +177,8 @@ def _sample_chain(rng: random.Random, pool: list[SeedOp], n_ops: int) -> _Chain 
 class _Chain:
     """Operators applied to a live tensor, with the source lines that reproduce them."""
 
-    def __init__(self, dims: dict[str, int], positive: bool) -> None:
-        self.dims, self.positive = dims, positive
+    def __init__(self, dims: dict[str, int], positive: bool, device: str = "cpu") -> None:
+        self.dims, self.positive, self.device = dims, positive, device
         self.ops: list[SeedOp] = []
         self.constants = dict(dims)
         """Module-level size constants: the first input's dims, then sizes derived along the chain."""
@@ -193,8 +193,9 @@ class _Chain:
         self.first_numel = self.x.numel()
 
     def _random(self, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(seed)
-        return torch.rand(shape, generator=generator) if self.positive else torch.randn(shape, generator=generator)
+        generator = torch.Generator(self.device).manual_seed(seed)
+        draw = torch.rand if self.positive else torch.randn
+        return draw(shape, generator=generator, device=self.device)
 
     def fits(self, op: SeedOp) -> bool:
         shape = self.x.shape
@@ -212,9 +213,10 @@ class _Chain:
         extra_shapes = [shape[:-2] + (shape[-1], shape[-2]) if op.operand == "transposed" else shape] * (op.arity - 1)
         extras = [self._random(s, 1 + i) for i, s in enumerate(extra_shapes)]
         try:
-            fn = self._build(op, shape, [self.x, *extras])
-            with torch.no_grad():
-                out = fn(self.x, *extras)
+            with torch.device(self.device):
+                fn = self._build(op, shape, [self.x, *extras])
+                with torch.no_grad():
+                    out = fn(self.x, *extras)
         except Exception as exc:  # noqa: BLE001 - the op does not fit here
             raise _StepFailed(f"{op.name}: {exc}") from None
         if op.output_index is not None:
@@ -364,13 +366,14 @@ def _attribute_name(name: str, taken: list[str]) -> str:
 
 # --------------------------------------------------------------------------- checking and sizing
 
-def _realise(ops: list[SeedOp], dims: dict[str, int], positive: bool) -> _Chain:
-    """Replay a sampled chain on inputs of ``dims``.
+def _realise(ops: list[SeedOp], dims: dict[str, int], positive: bool, device: str) -> _Chain:
+    """Replay a sampled chain on inputs of ``dims`` on ``device`` (sizes for a GPU are too large
+    to run on the CPU in passing).
 
     Raises:
         _StepFailed: an op no longer fits at these sizes.
     """
-    chain = _Chain(dims, positive)
+    chain = _Chain(dims, positive, device)
     for index, op in enumerate(ops):
         chain.add(op, index == len(ops) - 1)
     return chain
@@ -414,7 +417,11 @@ def _intra_op_threads(count: int) -> Iterator[None]:
 
 def _eager_ms(code: str, device: str, seed: int, threads: int) -> float:
     """Median time of a few eager forward passes of the task on ``device`` (after one warm-up),
-    with ``threads`` intra-op threads."""
+    with ``threads`` intra-op threads.
+
+    Raises:
+        Exception: the code does not load or run there, or its output is not a finite tensor.
+    """
     with _intra_op_threads(threads):
         return _median_forward_ms(code, device, seed)
 
@@ -431,10 +438,12 @@ def _median_forward_ms(code: str, device: str, seed: int) -> float:
         for call in range(_TIMED_CALLS + 1):
             sync()
             started = time.perf_counter()
-            model(*inputs)
+            out = model(*inputs)
             sync()
             if call:
                 times.append((time.perf_counter() - started) * 1e3)
+            elif not isinstance(out, torch.Tensor) or not bool(torch.isfinite(out).all()):
+                raise _StepFailed("the composed task's output is not a finite tensor")
     return statistics.median(times)
 
 
@@ -466,8 +475,8 @@ def _sized_code(chain: _Chain, seed: int, target_ms: tuple[float, float], device
         if size == chain.dims[free] or math.prod(dims.values()) * 4 * len(chain.inputs) > _MAX_INPUT_BYTES:
             break
         try:
-            chain = _realise(chain.ops, dims, chain.positive)
-            _check(chain, seed)
+            with measuring(device):  # GPU work: keep it off another composer's timing
+                chain = _realise(chain.ops, dims, chain.positive, device)  # the timing then runs its source
         except Exception:  # noqa: BLE001 - does not run at this size: keep the best so far
             break
     return best_code

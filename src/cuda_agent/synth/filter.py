@@ -4,7 +4,7 @@ Each rule is a named reason, so a run can report its funnel. In order (cheapest 
 
 ``import-error``        the task does not import or ``Model(*get_init_inputs())`` fails
 ``eager-error``         an eager forward pass raises
-``too-much-memory``     one forward pass needs more than ``max_memory_mb``
+``too-much-memory``     one forward pass needs more than ``max_memory_mb``, or runs out of device memory
 ``degenerate-output``   outputs are near-constant, tiny relative to the tolerance, or not finite
 ``nondeterministic``    two runs on the same inputs differ (random ops in ``forward``)
 ``input-independent``   different input seeds, or re-drawing one input, leave the outputs unchanged
@@ -21,9 +21,12 @@ runs outside it, so compilation proceeds in parallel.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +52,9 @@ _DEGENERACY_REASONS = {
 DEFAULT_WINDOWS_MS = {"cuda": (1.0, 100.0), "cpu": (0.5, 1000.0)}
 """Accepted eager time per device: the paper's window on GPUs; a wider one for the CPU backend."""
 
+DEFAULT_MAX_MEMORY_MB = {"cuda": 4096.0, "cpu": 16384.0}
+"""Memory bound per device: 4 GB lets 16 lanes share an 80 GB GPU."""
+
 def _filter_timing() -> TimingConfig:
     return TimingConfig(warmup_calls=2, warmup_ms=50.0, min_samples=5, max_samples=200,
                         target_rel_std_err=0.02, budget_s=1.0)
@@ -59,8 +65,10 @@ class FilterConfig:
     device: str = "cpu"
     window_ms: tuple[float, float] | None = None
     """Accepted eager time; ``None`` takes the device's default (:data:`DEFAULT_WINDOWS_MS`)."""
-    max_memory_mb: float = 16384.0
-    """Bound on one forward pass (see ``footprint`` in the reference worker for what is counted)."""
+    max_memory_mb: float | None = None
+    """Bound on one forward pass (see ``footprint`` in the reference worker for what is counted);
+    ``None`` takes the device's default (:data:`DEFAULT_MAX_MEMORY_MB`). Lanes share the device:
+    on a GPU, lanes x this bound must fit its memory."""
     compile: bool = True
     """Require ``torch.compile`` to work and record its time (``compile_ms``)."""
     degenerate_atol: float = 1e-2
@@ -82,12 +90,16 @@ class FilterConfig:
         low, high = self.window
         if not 0 <= low < high:
             raise ValueError(f"filter.window_ms must be (low, high) with 0 <= low < high, got {self.window_ms}")
-        if self.max_memory_mb <= 0 or self.step_timeout_s <= 0 or self.restart_every < 1:
+        if self.memory_bound_mb <= 0 or self.step_timeout_s <= 0 or self.restart_every < 1:
             raise ValueError("filter.max_memory_mb and filter.step_timeout_s must be > 0, filter.restart_every >= 1")
 
     @property
     def window(self) -> tuple[float, float]:
         return tuple(self.window_ms) if self.window_ms is not None else DEFAULT_WINDOWS_MS[self.device]
+
+    @property
+    def memory_bound_mb(self) -> float:
+        return self.max_memory_mb if self.max_memory_mb is not None else DEFAULT_MAX_MEMORY_MB[self.device]
 
 
 @dataclass
@@ -99,6 +111,9 @@ class FilterOutcome:
     eager_ms: float | None = None
     compile_ms: float | None = None
     memory_mb: float | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Where the check's time went: ``start`` (worker start and task import), ``lock-wait``,
+    ``checks`` (memory and degeneracy), ``eager-timing``, ``compile``, ``compile-timing``."""
 
     @property
     def accepted(self) -> bool:
@@ -150,14 +165,15 @@ class TaskFilter:
         self._checked += 1
         task_file = self._scratch / f"task_{self._checked}.py"
         task_file.write_text(record.code)
-        self._ask("import-error", {"op": "load", "task_file": str(task_file), "device": config.device,
-                                   "init_seed": 42, "precision": "kernelbench"})
-        with measuring(config.device):  # these forward passes would slow another lane's timing
+        with self._timed(outcome, "start"):
+            self._ask("import-error", {"op": "load", "task_file": str(task_file), "device": config.device,
+                                       "init_seed": 42, "precision": "kernelbench"})
+        with self._measuring(outcome), self._timed(outcome, "checks"):  # forward passes: keep off others' timing
             memory = self._ask("eager-error", {"op": "footprint", "seed": 42})["bytes"] / 2**20
             outcome.memory_mb = memory
-            if memory > config.max_memory_mb:
+            if memory > config.memory_bound_mb:
                 raise _Rejected("too-much-memory",
-                                f"one forward pass needs {memory:.0f} MB > {config.max_memory_mb:g} MB")
+                                f"one forward pass needs {memory:.0f} MB > {config.memory_bound_mb:g} MB")
             flags = self._ask("eager-error", {"op": "degeneracy", "seeds": config.degenerate_seeds,
                                               "atol": config.degenerate_atol})
         found = {_DEGENERACY_REASONS.get(flag, "degenerate-output"): detail
@@ -166,27 +182,47 @@ class TaskFilter:
             if reason in found:
                 raise _Rejected(reason, found[reason])
         timing = dataclasses.asdict(config.timing)
-        outcome.eager_ms = self._time("eager_tf32_off", timing)
+        outcome.eager_ms = self._time("eager_tf32_off", timing, outcome)
         low, high = config.window
         if outcome.eager_ms < low:
             raise _Rejected("too-fast", f"eager {outcome.eager_ms:.3g} ms < {low:g} ms")
         if outcome.eager_ms > high:
             raise _Rejected("too-slow", f"eager {outcome.eager_ms:.3g} ms > {high:g} ms")
         if config.compile:
-            self._ask("compile-error", {"op": "compile", "seed": 42, "timing": timing})
-            outcome.compile_ms = self._time("compile_tf32_off", timing)
+            with self._timed(outcome, "compile"):
+                self._ask("compile-error", {"op": "compile", "seed": 42, "timing": timing})
+            outcome.compile_ms = self._time("compile_tf32_off", timing, outcome)
 
-    def _time(self, variant: str, timing: dict[str, Any]) -> float:
-        with measuring(self.config.device):
-            reply = self._ask("compile-error" if variant.startswith("compile") else "eager-error",
-                              {"op": "baselines", "variants": [variant], "seed": 42, "timing": timing})
+    def _time(self, variant: str, timing: dict[str, Any], outcome: FilterOutcome) -> float:
+        step = "compile" if variant.startswith("compile") else "eager"
+        with self._measuring(outcome), self._timed(outcome, f"{step}-timing"):
+            reply = self._ask(f"{step}-error", {"op": "baselines", "variants": [variant], "seed": 42,
+                                                "timing": timing})
         return float(reply["stats"][variant]["median_ms"])
+
+    @contextlib.contextmanager
+    def _timed(self, outcome: FilterOutcome, step: str) -> Iterator[None]:
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            outcome.seconds[step] = outcome.seconds.get(step, 0.0) + time.monotonic() - started
+
+    @contextlib.contextmanager
+    def _measuring(self, outcome: FilterOutcome) -> Iterator[None]:
+        """The device's measurement lock, with the wait for it counted as ``lock-wait``."""
+        started = time.monotonic()
+        with measuring(self.config.device):
+            outcome.seconds["lock-wait"] = outcome.seconds.get("lock-wait", 0.0) + time.monotonic() - started
+            yield
 
     def _ask(self, reason: str, message: dict[str, Any]) -> dict[str, Any]:
         """One request; a failure becomes a rejection with ``reason`` (or timeout / worker-died)."""
         try:
             return self._live_worker(fresh_task=message["op"] == "load").request(message, self.config.step_timeout_s)
         except RemoteError as exc:
+            if exc.error_type == "OutOfMemoryError":  # the device's own verdict on the memory bound
+                reason = "too-much-memory"
             raise _Rejected(reason, _first_line(str(exc))) from None
         except WorkerTimeout as exc:
             self._worker = None

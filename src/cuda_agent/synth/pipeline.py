@@ -17,19 +17,19 @@ Ctrl-C); the dataset is finalized from what was decided, and running the same co
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
-import signal
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.synth.compose_workers import compose_parallel
 from cuda_agent.synth.dataset import DatasetInfo, DatasetWriter, Rejection
 from cuda_agent.synth.decontaminate import decontaminate, deduplicate, load_benchmark
 from cuda_agent.synth.filter import FilterConfig, FilterOutcome, TaskFilter
+from cuda_agent.synth.lanes import run_in_lanes
 from cuda_agent.synth.records import TaskRecord
 
 COMPOSED = "composed.jsonl"
@@ -77,7 +77,9 @@ def run(config: RunConfig, out_dir: str | Path, composer: Callable[[int], TaskRe
     them at once: ``"processes"`` (it must pickle) or ``"threads"`` (the default). ``families``
     maps operator names to families for the card. The numbers gain ``pending`` (composer seeds
     not decided yet because the time limit was reached) and ``this_run`` (``seconds``, and the
-    ``accepted`` and ``decided`` tasks of this call, ``accepted_per_minute``).
+    ``accepted`` and ``decided`` tasks of this call, ``accepted_per_minute``, and
+    ``filter_lane_seconds``: the filter's time per step summed over lanes, see
+    :attr:`FilterOutcome.seconds`).
     """
     out_dir = Path(out_dir)
     deadline = None if config.time_limit_s is None else time.monotonic() + config.time_limit_s
@@ -89,6 +91,7 @@ def run(config: RunConfig, out_dir: str | Path, composer: Callable[[int], TaskRe
         composed = compose_all(config, out_dir / COMPOSED, composer, progress, deadline)
         writer.append(rejected=composed.failures)
         pending: list[TaskRecord] = []
+        filter_seconds: dict[str, float] = {}
         if composed.missing == 0:  # de-duplication keeps the earliest seed: it needs them all
             candidates = _unique(composed.records)
             kept, dropped = deduplicate(candidates, config.similarity)
@@ -98,13 +101,14 @@ def run(config: RunConfig, out_dir: str | Path, composer: Callable[[int], TaskRe
             writer.append(rejected=[Rejection(d.record.id, "decontaminate", d.reason, f"{d.matched} {d.score:.3f}")
                                     for d in dropped])
             pending = [record for record in kept if record.id not in writer.decided]
-            pending = filter_all(pending, config, writer, progress, deadline)
+            filtered = filter_all(pending, config, writer, progress, deadline)
+            pending, filter_seconds = filtered.pending, filtered.seconds
         numbers = writer.finalize(families)
     seconds = time.monotonic() - started
     accepted = numbers["tasks"] - accepted_before
     numbers["pending"] = composed.missing + len(pending)
     numbers["this_run"] = {"seconds": seconds, "accepted": accepted, "decided": numbers["decided"] - decided_before,
-                           "accepted_per_minute": accepted * 60 / seconds}
+                           "accepted_per_minute": accepted * 60 / seconds, "filter_lane_seconds": filter_seconds}
     return numbers
 
 
@@ -143,100 +147,52 @@ def compose_all(config: RunConfig, journal: Path, composer: Callable[[int], Task
     return Composed(records, failures, missing=sum(seed not in done for seed in seeds))
 
 
-def _compose_entry(composer: Callable[[int], TaskRecord], seed: int) -> dict[str, Any]:
-    try:
-        return {"seed": seed, "record": composer(seed).to_row()}
-    except (ValueError, RuntimeError) as exc:
-        return {"seed": seed, "error": f"{type(exc).__name__}: {exc}"}
-
-
-_PROCESS_COMPOSER: Callable[[int], TaskRecord] | None = None
-
-
-def _install_composer(composer: Callable[[int], TaskRecord]) -> None:
-    """Composer process start-up: keep the composer; Ctrl-C is the parent's to handle."""
-    global _PROCESS_COMPOSER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _PROCESS_COMPOSER = composer
-
-
-def _compose_in_process(seed: int) -> dict[str, Any]:
-    assert _PROCESS_COMPOSER is not None
-    return _compose_entry(_PROCESS_COMPOSER, seed)
-
-
-def compose_parallel(composer: Callable[[int], TaskRecord], seeds: list[int], workers: int,
-                     deadline: float | None = None) -> Iterator[dict[str, Any]]:
-    """``{"seed", "record"}`` (a :meth:`TaskRecord.to_row`) or ``{"seed", "error"}`` per seed, in the
-    order they finish, ``workers`` at once (processes or threads, per ``composer.parallel``), until
-    ``deadline`` (``time.monotonic()``)."""
-    def expired() -> bool:
-        return deadline is not None and time.monotonic() >= deadline
-
-    if workers == 1 or len(seeds) < 2:
-        for seed in seeds:
-            if expired():
-                return
-            yield _compose_entry(composer, seed)
-        return
-    pool: Executor
-    if getattr(composer, "parallel", "threads") == "processes":
-        pool = ProcessPoolExecutor(min(workers, len(seeds)), mp_context=multiprocessing.get_context("spawn"),
-                                   initializer=_install_composer, initargs=(composer,))
-        futures = [pool.submit(_compose_in_process, seed) for seed in seeds]
-    else:
-        pool = ThreadPoolExecutor(min(workers, len(seeds)), thread_name_prefix="composer")
-        futures = [pool.submit(_compose_entry, composer, seed) for seed in seeds]
-    try:
-        running = set(futures)
-        while running:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, running = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
-            for future in ready:
-                yield future.result()
-            if expired():
-                return
-    finally:  # a time limit or Ctrl-C: drop what has not finished
-        pool.shutdown(wait=False, cancel_futures=True)
+@dataclass
+class Filtered:
+    pending: list[TaskRecord]
+    """Records left undecided (the time limit came first)."""
+    seconds: dict[str, float]
+    """Time per filter step, summed over lanes (:attr:`FilterOutcome.seconds`)."""
 
 
 def filter_all(records: list[TaskRecord], config: RunConfig, writer: DatasetWriter,
-               progress: Progress | None = None, deadline: float | None = None) -> list[TaskRecord]:
+               progress: Progress | None = None, deadline: float | None = None) -> Filtered:
     """Run the execution filter over ``records`` in ``config.workers`` lanes, journaling each
-    decision; returns the records left undecided at ``deadline`` (``time.monotonic()``)."""
+    decision, until ``deadline`` (``time.monotonic()``).
+
+    Raises:
+        ValueError: on a GPU, the lanes' memory bounds together exceed its free memory.
+    """
     if not records:
-        return []
-    lanes = [TaskFilter(config.filter) for _ in range(min(config.workers, len(records)))]
-    pool = ThreadPoolExecutor(max_workers=len(lanes))
-    queue = iter(records)
-    running: dict[Future, tuple[TaskFilter, TaskRecord]] = {}
+        return Filtered([], {})
+    n_lanes = min(config.workers, len(records))
+    _check_device_memory(config.filter, n_lanes)
+    lanes = [TaskFilter(config.filter) for _ in range(n_lanes)]
     decided: set[str] = set()
-
-    def feed(lane: TaskFilter) -> None:
-        record = next(queue, None)
-        if record is not None and (deadline is None or time.monotonic() < deadline):
-            running[pool.submit(lane.check, record)] = (lane, record)
-
+    seconds: Counter[str] = Counter()
     try:
-        for lane in lanes:
-            feed(lane)
-        while running:
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            ready, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
-            if not ready:
-                break  # the time limit: checks in flight are dropped
-            for future in ready:
-                lane, record = running.pop(future)
-                _journal_outcome(writer, record, future.result(), config.filter.device)
-                decided.add(record.id)
-                if progress:
-                    progress("filter", len(decided), len(records))
-                feed(lane)
+        for record, outcome in run_in_lanes([lane.check for lane in lanes], records, deadline):
+            _journal_outcome(writer, record, outcome, config.filter.device)
+            decided.add(record.id)
+            seconds.update(outcome.seconds)
+            if progress:
+                progress("filter", len(decided), len(records))
     finally:
         for lane in lanes:  # on Ctrl-C or the time limit, stops in-flight checks at once; they are not journaled
             lane.close()
-        pool.shutdown(wait=True, cancel_futures=True)
-    return [record for record in records if record.id not in decided]
+    return Filtered([record for record in records if record.id not in decided], dict(seconds))
+
+
+def _check_device_memory(config: FilterConfig, n_lanes: int) -> None:
+    """Lanes run tasks side by side: on a GPU their bounds must fit, or they fail each other."""
+    if not config.device.startswith("cuda"):
+        return
+    import torch
+
+    free_mb = torch.cuda.mem_get_info(torch.device(config.device))[0] / 2**20
+    if n_lanes * config.memory_bound_mb > free_mb:
+        raise ValueError(f"synth: {n_lanes} filter lanes x max_memory_mb {config.memory_bound_mb:g} MB exceed the "
+                         f"{free_mb:.0f} MB free on {config.device}; use fewer workers or a lower max_memory_mb")
 
 
 def _journal_outcome(writer: DatasetWriter, record: TaskRecord, outcome: FilterOutcome, device: str) -> None:
