@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import math
 import sys
 import time
 from pathlib import Path
@@ -215,17 +216,23 @@ class ReferenceWorker:
         atol = float(msg["atol"])
         flags: dict[str, str] = {}
 
+        def draw() -> list:
+            """Inputs made on the device: the checks need fresh draws, not the CPU stream's values,
+            and drawing GPU-sized inputs on the CPU (then copying them) took seconds per draw."""
+            with torch.device(self.device):
+                return list(self.module.get_inputs())
+
         def outputs_of(inputs: list) -> list[torch.Tensor]:
             with torch.no_grad():
                 out = self.model(*to_device(clone_tree(inputs), self.device))
-            return [t.detach().double().cpu() for t in tensors_in(out) if t.is_floating_point()]
+            return [t.detach() for t in tensors_in(out) if t.is_floating_point()]  # compared where they are
 
         def outputs_for(seed: int, redraw: int | None = None) -> list[torch.Tensor]:
             seed_all(seed)
-            inputs = list(self.module.get_inputs())
+            inputs = draw()
             if redraw is not None:
                 seed_all(seed + 7919)
-                inputs[redraw] = list(self.module.get_inputs())[redraw]
+                inputs[redraw] = draw()[redraw]
             seed_all(seed)
             return outputs_of(inputs)
 
@@ -239,22 +246,19 @@ class ReferenceWorker:
             if t.numel() == 0:
                 continue
             scale = float(t.abs().max())
+            spread = float(t.double().std()) if t.numel() > 1 else math.inf
             if scale < atol:
                 flags["tiny-output"] = f"output {i}: max |value| {scale:.3g} < atol {atol:g}; zeros would pass"
-            elif t.numel() > 1 and float(t.std()) <= 1e-6 * scale:
-                flags["constant-output"] = f"output {i}: spread {float(t.std()):.3g} is negligible vs magnitude {scale:.3g}"
+            elif spread <= 1e-6 * scale:
+                flags["constant-output"] = f"output {i}: spread {spread:.3g} is negligible vs magnitude {scale:.3g}"
         seed_all(1)
-        same = list(self.module.get_inputs())  # run twice without re-seeding: random ops show
+        same = draw()  # run twice without re-seeding: random ops show
         if _differ(outputs_of(same), outputs_of(same), 0.0):
             flags["nondeterministic"] = "two runs on the same inputs gave different outputs"
         if all(not _differ(base, outputs_for(1 + s), atol) for s in range(1, int(msg["seeds"]))):
             flags["seed-insensitive"] = "outputs are the same (within atol) for different input seeds"
         seed_all(1)
-        n_inputs = len(list(self.module.get_inputs()))
-        for k in range(n_inputs):
-            seed_all(1)
-            if not isinstance(list(self.module.get_inputs())[k], torch.Tensor):
-                continue
+        for k in [k for k, value in enumerate(draw()) if isinstance(value, torch.Tensor)]:
             if not _differ(base, outputs_for(1, redraw=k), atol):
                 flags.setdefault("input-ignored", f"re-drawing input {k} leaves the outputs unchanged (within atol)")
         return {"flags": sorted(flags), "details": [flags[f] for f in sorted(flags)]}
