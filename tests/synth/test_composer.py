@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -137,6 +138,31 @@ def test_target_window_out_of_reach_keeps_the_closest_size(gelu, monkeypatch: py
     only, seed = gelu
     monkeypatch.setattr(composer, "_eager_ms", lambda code, device, seed, threads: 5.0)  # never changes
     assert compose(only, seed, n_ops=1, target_ms=(0.5, 1.0)).code == compose(only, seed, n_ops=1).code
+
+
+def test_growth_stops_at_the_memory_cap_not_before_it(gelu, monkeypatch: pytest.MonkeyPatch) -> None:
+    only, seed = gelu
+    start = compose(only, seed, n_ops=1)
+    row_bytes = 4 * math.prod(int(v) for v in re.findall(r"^dim\w* = (\d+)$", start.code, re.M))
+    monkeypatch.setattr(composer, "_MAX_INPUT_BYTES", 8 * 4 * row_bytes)  # room for batch 32, not 64
+    monkeypatch.setattr(composer, "_eager_ms", lambda code, device, seed, threads: 1e-3 * _batch_size(code))
+    assert _batch_size(compose(only, seed, n_ops=1, target_ms=(1.0, 100.0)).code) == 32
+
+
+def test_a_size_that_fails_to_run_is_retried_with_a_smaller_step(gelu, monkeypatch: pytest.MonkeyPatch) -> None:
+    only, seed = gelu
+    realise = composer._realise
+
+    def fails_above_64(ops, dims, positive, device):
+        if dims["batch_size"] > 64:
+            raise RuntimeError("input too large for this op")
+        return realise(ops, dims, positive, device)
+
+    monkeypatch.setattr(composer, "_realise", fails_above_64)
+    monkeypatch.setattr(composer, "_eager_ms", lambda code, device, seed, threads: 1e-3 * _batch_size(code))
+    # The clock asks for x1024 (batch 8192): that fails, then x32 does too, then x4 (batch 32) runs;
+    # from 32, x256, x16 and x4 all fail.
+    assert _batch_size(compose(only, seed, n_ops=1, target_ms=(1.0, 100.0)).code) == 32
 
 
 def test_target_window_times_the_real_model(gelu) -> None:

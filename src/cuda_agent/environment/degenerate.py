@@ -18,6 +18,10 @@ from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProces
 
 DEGENERATE_TIMEOUT_S = 600.0
 
+DEFAULT_ATOL = 1e-2
+"""Outputs below this magnitude are tiny (all-zeros would pass a loose tolerance), and outputs
+closer than this are equal: the loosest tolerance a precision policy uses (``cuda-agent``)."""
+
 
 @dataclass(frozen=True)
 class DegeneracyReport:
@@ -33,7 +37,7 @@ class DegeneracyReport:
         return bool(self.flags) or self.error is not None
 
 
-def detect_degenerate(task: Task, device: str = "cpu", seeds: int = 3, atol: float = 1e-2,
+def detect_degenerate(task: Task, device: str = "cpu", seeds: int = 3, atol: float = DEFAULT_ATOL,
                       timeout_s: float = DEGENERATE_TIMEOUT_S) -> DegeneracyReport:
     """Run the reference on several seeds and per-input perturbations and flag degeneracies.
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import gc
-import math
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 
 from cuda_agent.environment import tensor_io
 from cuda_agent.environment.config import TimingConfig
+from cuda_agent.environment.degeneracy_probe import degeneracy_flags
 from cuda_agent.environment.loading import clone_tree, import_file, seed_all, tensors_in, to_device
 from cuda_agent.environment.precision import POLICIES, References, tf32_enabled
 from cuda_agent.environment.task import REQUIRED_NAMES
@@ -34,18 +34,6 @@ def _to_double(tree):
     if isinstance(tree, (list, tuple)):
         return type(tree)(_to_double(v) for v in tree)
     return tree
-
-
-def _differ(a: list[torch.Tensor], b: list[torch.Tensor], atol: float) -> bool:
-    """True when the two output lists differ by more than ``atol`` anywhere (NaN-aware)."""
-    for x, y in zip(a, b):
-        if x.shape != y.shape:
-            return True
-        both_nan = torch.isnan(x) & torch.isnan(y)
-        diff = (x - y).abs()
-        if bool(((diff > atol) & ~both_nan).any()) or bool((torch.isnan(x) != torch.isnan(y)).any()):
-            return True
-    return False
 
 
 def _sync(device: str) -> None:
@@ -63,6 +51,10 @@ class ReferenceWorker:
         self.device = "cpu"
         self.refs: dict[int, References] = {}
         self.timed_inputs: list = []
+        self.public_inputs: tuple[int, list] | None = None
+        """``(seed, inputs)``: the public-seed inputs of the current task, drawn once for its
+        baselines (the model only ever sees perturbed copies or clones of them)."""
+        self.draw_on_device = False
         self.policy = POLICIES.get("faithful")
 
     # -- ops ---------------------------------------------------------------------------------
@@ -71,6 +63,7 @@ class ReferenceWorker:
         if self.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
         self.policy = POLICIES.get(msg["precision"])
+        self.draw_on_device = bool(msg.get("draw_on_device", False))
         self._release_task()
         self.module = import_file(Path(msg["task_file"]), "reference_task")
         missing = [n for n in REQUIRED_NAMES if not hasattr(self.module, n)]
@@ -92,6 +85,7 @@ class ReferenceWorker:
         """Drop the previous task's model and give its cached GPU memory back, so a worker that
         serves many tasks (the synthesis filter) holds only the current one's."""
         self.model = self.compiled = self.model64 = None
+        self.public_inputs = None
         self.fp64_error = None
         if torch.cuda.is_initialized():
             gc.collect()
@@ -182,7 +176,7 @@ class ReferenceWorker:
         inputs = self._public_inputs(msg["seed"])
         started = time.perf_counter()
         with torch.no_grad():
-            self._compiled(config)(*inputs)
+            self._compiled(config)(*clone_tree(inputs))
         _sync(self.device)
         return {"seconds": time.perf_counter() - started}
 
@@ -192,14 +186,27 @@ class ReferenceWorker:
         return self.compiled
 
     def _public_inputs(self, seed: int) -> list:
+        """The inputs from the public ``seed``, drawn once per task (drawing GPU-sized inputs on the
+        CPU takes seconds). Callers hand the model clones or perturbed copies, never these."""
+        if self.public_inputs is None or self.public_inputs[0] != seed:
+            self.public_inputs = (seed, self._draw_inputs(seed))
+        return self.public_inputs[1]
+
+    def _draw_inputs(self, seed: int) -> list:
+        """``get_inputs()`` under ``seed``: on the CPU and then moved, as KernelBench draws them, or,
+        when the task was loaded with ``draw_on_device`` (synthesis, which needs only the
+        distribution), directly on the device."""
         seed_all(seed)
+        if self.draw_on_device:
+            with torch.device(self.device):
+                return list(self.module.get_inputs())
         return to_device(list(self.module.get_inputs()), self.device)
 
     def footprint(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Memory one eager forward pass needs, in bytes. On CUDA the allocator's peak during the
         call (inputs, parameters, activations and outputs); on CPU, which keeps no peak statistics,
         the inputs, parameters, buffers and outputs: a lower bound."""
-        inputs = self._public_inputs(msg["seed"])
+        inputs = self._draw_inputs(msg["seed"])  # its own copy: the forward pass may write into it
         if self.device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -213,54 +220,7 @@ class ReferenceWorker:
 
     def degeneracy(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Measure what ``degenerate.detect_degenerate`` reports (see there for the flags)."""
-        atol = float(msg["atol"])
-        flags: dict[str, str] = {}
-
-        def draw() -> list:
-            """Inputs made on the device: the checks need fresh draws, not the CPU stream's values,
-            and drawing GPU-sized inputs on the CPU (then copying them) took seconds per draw."""
-            with torch.device(self.device):
-                return list(self.module.get_inputs())
-
-        def outputs_of(inputs: list) -> list[torch.Tensor]:
-            with torch.no_grad():
-                out = self.model(*to_device(clone_tree(inputs), self.device))
-            return [t.detach() for t in tensors_in(out) if t.is_floating_point()]  # compared where they are
-
-        def outputs_for(seed: int, redraw: int | None = None) -> list[torch.Tensor]:
-            seed_all(seed)
-            inputs = draw()
-            if redraw is not None:
-                seed_all(seed + 7919)
-                inputs[redraw] = draw()[redraw]
-            seed_all(seed)
-            return outputs_of(inputs)
-
-        base = outputs_for(1)
-        if not base:
-            return {"flags": [], "details": ["no floating-point outputs: degeneracy checks do not apply"]}
-        if any(not bool(torch.isfinite(t).all()) for t in base):
-            flags["non-finite-output"] = "the reference output contains NaN or Inf on standard inputs"
-        finite = [t[torch.isfinite(t)] for t in base]
-        for i, t in enumerate(finite):
-            if t.numel() == 0:
-                continue
-            scale = float(t.abs().max())
-            spread = float(t.double().std()) if t.numel() > 1 else math.inf
-            if scale < atol:
-                flags["tiny-output"] = f"output {i}: max |value| {scale:.3g} < atol {atol:g}; zeros would pass"
-            elif spread <= 1e-6 * scale:
-                flags["constant-output"] = f"output {i}: spread {spread:.3g} is negligible vs magnitude {scale:.3g}"
-        seed_all(1)
-        same = draw()  # run twice without re-seeding: random ops show
-        if _differ(outputs_of(same), outputs_of(same), 0.0):
-            flags["nondeterministic"] = "two runs on the same inputs gave different outputs"
-        if all(not _differ(base, outputs_for(1 + s), atol) for s in range(1, int(msg["seeds"]))):
-            flags["seed-insensitive"] = "outputs are the same (within atol) for different input seeds"
-        seed_all(1)
-        for k in [k for k, value in enumerate(draw()) if isinstance(value, torch.Tensor)]:
-            if not _differ(base, outputs_for(1, redraw=k), atol):
-                flags.setdefault("input-ignored", f"re-drawing input {k} leaves the outputs unchanged (within atol)")
+        flags = degeneracy_flags(self.model, self.module.get_inputs, self.device, int(msg["seeds"]), float(msg["atol"]))
         return {"flags": sorted(flags), "details": [flags[f] for f in sorted(flags)]}
 
     def probe(self, msg: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Iterator
 
 import torch
 
+from cuda_agent.environment.degeneracy_probe import degeneracy_flags
 from cuda_agent.synth.device_lock import measuring
 from cuda_agent.synth.mining import SeedCatalogue, import_object, instantiate
 from cuda_agent.synth.records import SeedOp, TaskRecord
@@ -41,6 +42,11 @@ _PICKS_PER_STEP = 8
 _MAX_GROWTH = 64
 """An intermediate may hold at most this many times the first input's elements."""
 _MAX_INPUT_BYTES = 1 << 30
+_MAX_LIVE_BYTES = 3 << 30
+"""Sizing keeps the inputs plus twice the largest intermediate (a chain holds its inputs and about
+one op's input and output at once) under this, inside the filter's 4 GB default bound on CUDA."""
+_SIZING_RETRIES = 3
+"""Times a resize that fails (an op's size limit, out of memory) is tried again with a smaller step."""
 _MAX_PARAMS = 1 << 27
 _SIZING_STEPS = 6
 _TIMED_CALLS = 3
@@ -191,6 +197,8 @@ class _Chain:
         """The constant naming each dim of the live tensor, where one does."""
         self.x = self._random(tuple(dims.values()), 0)
         self.first_numel = self.x.numel()
+        self.peak_numel = self.first_numel
+        """Elements of the largest tensor along the chain (for the memory estimate of sizing)."""
 
     def _random(self, shape: tuple[int, ...], seed: int) -> torch.Tensor:
         generator = torch.Generator(self.device).manual_seed(seed)
@@ -225,6 +233,7 @@ class _Chain:
                 or (out.dim() == 0 and not last) or not bool(torch.isfinite(out).all()):
             raise _StepFailed(f"{op.name}: unusable output")
         self._record(op)
+        self.peak_numel = max(self.peak_numel, out.numel())
         self.symbols = self._symbols(out.shape)
         self.x = out
         self.ops.append(op)
@@ -386,17 +395,25 @@ def _load(code: str) -> dict[str, Any]:
 
 
 def _check(chain: _Chain, seed: int) -> None:
-    """Run the chain's source as a task: ``Model(*get_init_inputs())(*get_inputs())``.
+    """Run the chain's source as a task, ``Model(*get_init_inputs())(*get_inputs())``, and probe
+    it for degeneracy at the sampling sizes: a chain the execution filter would reject as
+    degenerate, nondeterministic or input-independent is dropped here, where another sample costs
+    milliseconds, not a filter slot on the device (the filter still checks the sized task).
 
     Raises:
-        Exception: the source does not load or run, or its output is not a finite tensor.
+        Exception: the source does not load or run, its output is not a finite tensor, or it is
+            degenerate (:func:`degeneracy_flags`).
     """
     torch.manual_seed(seed)
     namespace = _load(chain.source())
+    model = namespace["Model"](*namespace["get_init_inputs"]())
     with torch.no_grad():
-        out = namespace["Model"](*namespace["get_init_inputs"]())(*namespace["get_inputs"]())
+        out = model(*namespace["get_inputs"]())
     if not isinstance(out, torch.Tensor) or not bool(torch.isfinite(out).all()):
         raise _StepFailed("the composed task's output is not a finite tensor")
+    flags = degeneracy_flags(model, namespace["get_inputs"], "cpu", seeds=2)
+    if flags:
+        raise _StepFailed(f"degenerate at sampling sizes: {', '.join(sorted(flags))}")
 
 
 @contextlib.contextmanager
@@ -449,7 +466,7 @@ def _median_forward_ms(code: str, device: str, seed: int) -> float:
 
 def _sized_code(chain: _Chain, seed: int, target_ms: tuple[float, float], device: str, threads: int) -> str:
     """Scale the first input dim that no constructor depends on, in powers of two, towards the window
-    (narrowed by :data:`_SIZING_MARGIN`).
+    (narrowed by :data:`_SIZING_MARGIN`), as far as the memory caps allow.
 
     Returns:
         The source whose eager time was closest to the window (log distance); the first one if
@@ -470,13 +487,41 @@ def _sized_code(chain: _Chain, seed: int, target_ms: tuple[float, float], device
             best_code, best_gap = code, gap
         if gap == 0.0 or free is None:
             break
-        size = max(1, int(chain.dims[free] * 2.0 ** round(math.log2(math.sqrt(low * high) / ms))))
-        dims = {**chain.dims, free: size}
-        if size == chain.dims[free] or math.prod(dims.values()) * 4 * len(chain.inputs) > _MAX_INPUT_BYTES:
+        step = min(2.0 ** round(math.log2(math.sqrt(low * high) / ms)), _max_growth(chain))
+        resized = _resized(chain, free, step, device)
+        if resized is None:
             break
+        chain = resized
+    return best_code
+
+
+def _max_growth(chain: _Chain) -> float:
+    """The largest power-of-two factor the sizes may grow by within the memory caps (sizes are
+    taken to scale with the free dim: a batch dimension)."""
+    input_bytes = chain.first_numel * 4 * len(chain.inputs)
+    live_bytes = input_bytes + 2 * chain.peak_numel * 4
+    limit = min(_MAX_INPUT_BYTES / input_bytes, _MAX_LIVE_BYTES / live_bytes)
+    return 2.0 ** math.floor(math.log2(limit)) if limit >= 1 else 1.0
+
+
+def _resized(chain: _Chain, free: str, step: float, device: str) -> _Chain | None:
+    """The chain replayed with its ``free`` dim scaled by ``step``; a growth step that fails (an op's
+    own size limit, device memory) is retried at its square root, :data:`_SIZING_RETRIES` times at most.
+
+    Returns:
+        The replayed chain, or ``None`` when no step changes the size or none runs.
+    """
+    for _ in range(_SIZING_RETRIES):
+        size = max(1, int(chain.dims[free] * step))
+        if size == chain.dims[free]:
+            return None
         try:
             with measuring(device):  # GPU work: keep it off another composer's timing
-                chain = _realise(chain.ops, dims, chain.positive, device)  # the timing then runs its source
-        except Exception:  # noqa: BLE001 - does not run at this size: keep the best so far
-            break
-    return best_code
+                return _realise(chain.ops, {**chain.dims, free: size}, chain.positive, device)
+        except Exception:  # noqa: BLE001 - does not run at this size: try a smaller step
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+            if step <= 2:
+                return None
+            step = 2.0 ** (math.log2(step) // 2)
+    return None

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.environment.config import TimingConfig
+from cuda_agent.environment.degenerate import DEFAULT_ATOL
 from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProcess, WorkerTimeout, child_env
 from cuda_agent.synth.device_lock import measuring
 from cuda_agent.synth.records import TaskRecord
@@ -71,7 +72,7 @@ class FilterConfig:
     on a GPU, lanes x this bound must fit its memory."""
     compile: bool = True
     """Require ``torch.compile`` to work and record its time (``compile_ms``)."""
-    degenerate_atol: float = 1e-2
+    degenerate_atol: float = DEFAULT_ATOL
     """Outputs whose magnitude is below this are ``degenerate-output`` (zeros would pass)."""
     degenerate_seeds: int = 3
     timing: TimingConfig = field(default_factory=_filter_timing)
@@ -167,7 +168,7 @@ class TaskFilter:
         task_file.write_text(record.code)
         with self._timed(outcome, "start"):
             self._ask("import-error", {"op": "load", "task_file": str(task_file), "device": config.device,
-                                       "init_seed": 42, "precision": "kernelbench"})
+                                       "init_seed": 42, "precision": "kernelbench", "draw_on_device": True})
         with self._measuring(outcome), self._timed(outcome, "checks"):  # forward passes: keep off others' timing
             memory = self._ask("eager-error", {"op": "footprint", "seed": 42})["bytes"] / 2**20
             outcome.memory_mb = memory
