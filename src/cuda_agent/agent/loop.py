@@ -93,17 +93,15 @@ class _Episode:
             if reply is None:
                 return
             calls = reply.message.get("tool_calls") or []
-            if reply.parse_errors or not calls:
+            finished = await self._call_tools(calls, self.steps[-1]) if calls else False
+            if reply.parse_errors or not calls:  # after the tool results: they must follow their calls
                 self._remind(reply.parse_errors, bool(calls))
-            if not calls:
-                idle += 1
-                if idle >= self.config.max_idle_replies:
-                    self.end_reason = "idle"
-                    return
-                continue
-            idle = 0
-            if await self._call_tools(calls, self.steps[-1]):
+            if finished:
                 self.end_reason = "finish"
+                return
+            idle = 0 if calls else idle + 1
+            if idle >= self.config.max_idle_replies:
+                self.end_reason = "idle"
                 return
 
     def _budget_exhausted(self) -> bool:

@@ -107,10 +107,10 @@ class ReadFileTool(_FileTool):
         lines = self._read_text(self._resolve(display, for_write=False), display).splitlines()
         start = int(arguments.get("start_line") or 1)
         end = int(arguments.get("end_line") or len(lines))
-        if start < 1 or end < start:
-            raise ToolError(f"invalid line range {start}..{end}; lines are numbered from 1 and end_line >= start_line")
         if lines and start > len(lines):
             raise ToolError(f"{display} has {len(lines)} lines; start_line {start} is past the end")
+        if start < 1 or end < start:
+            raise ToolError(f"invalid line range {start}..{end}; lines are numbered from 1 and end_line >= start_line")
         shown = "\n".join(f"{n:6d}\t{line}" for n, line in enumerate(lines[start - 1:end], start=start))
         text, cut = truncate_middle(shown, self.config.max_output_chars)
         header = f"{display}: lines {start}-{min(end, len(lines))} of {len(lines)}"

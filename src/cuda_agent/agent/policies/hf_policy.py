@@ -101,9 +101,9 @@ class HFPolicy(Policy):
 
     def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> tuple[int, ...]:
         """The token ids of ``messages`` under the chat template, ending in the generation prompt."""
-        rendered = render_for_text_model(messages, tools)
-        ids = self.tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True)
-        return tuple(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        encoded = self.tokenizer.apply_chat_template(render_for_text_model(messages, tools),
+                                                     add_generation_prompt=True, tokenize=True)
+        return tuple(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
     def count_tokens(self, messages: list[dict[str, Any]]) -> int:
         text = "".join(str(m.get("content") or "") for m in messages)

@@ -20,7 +20,7 @@ class ReplayPolicy(Policy):
     name = "replay"
 
     def __init__(self, turns: list[dict[str, Any]], source: str = "<memory>") -> None:
-        self.turns = [_normalise(turn, f"{source} turn {i}") for i, turn in enumerate(turns)]
+        self.turns = [_normalise(turn, i, source) for i, turn in enumerate(turns)]
         self.source = source
         self._next: dict[str, int] = {}
 
@@ -56,7 +56,8 @@ class ReplayPolicy(Policy):
         return PolicyReply(self.turns[index], prompt_tokens=0, completion_tokens=0, finish_reason="replay")
 
 
-def _normalise(turn: dict[str, Any], where: str) -> dict[str, Any]:
+def _normalise(turn: dict[str, Any], index: int, source: str) -> dict[str, Any]:
+    where = f"{source} turn {index}"
     message: dict[str, Any] = {"role": "assistant", "content": turn.get("content") or ""}
     calls = []
     for number, call in enumerate(turn.get("tool_calls") or []):
@@ -64,7 +65,7 @@ def _normalise(turn: dict[str, Any], where: str) -> dict[str, Any]:
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise TrajectoryError(f"{where}: tool call {number} needs function.name")
         arguments = function.get("arguments", {})
-        calls.append({"id": call.get("id") or f"replay_{number}", "type": "function",
+        calls.append({"id": call.get("id") or f"replay_{index}_{number}", "type": "function",
                       "function": {"name": function["name"],
                                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)}})
     if calls:
