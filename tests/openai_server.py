@@ -89,7 +89,8 @@ class Conversation:
 class OpenAITestServer:
     """Context manager running a scripted server; ``base_url`` ends in ``/v1``."""
 
-    def __init__(self, script: Script, api_key: str = "test-key", delay_s: float = 0.0) -> None:
+    def __init__(self, script: Script, api_key: str | None = "test-key", delay_s: float = 0.0) -> None:
+        """``api_key=None`` accepts requests without checking the Authorization header."""
         self.script, self.api_key, self.delay_s = script, api_key, delay_s
         self.requests: list[dict[str, Any]] = []
         self.responses: list[dict[str, Any]] = []
@@ -133,7 +134,7 @@ def _handler_for(server: OpenAITestServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             if self.path != "/v1/chat/completions":
                 return self._send(404, {"error": {"message": f"no route {self.path}", "type": "invalid_request_error"}})
-            if self.headers.get("Authorization") != f"Bearer {server.api_key}":
+            if server.api_key is not None and self.headers.get("Authorization") != f"Bearer {server.api_key}":
                 with server._lock:
                     server.unauthorized += 1
                 return self._send(401, {"error": {"message": "Incorrect API key provided",

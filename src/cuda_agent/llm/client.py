@@ -84,9 +84,9 @@ class ChatClient:
         self.url = config.base_url.rstrip("/") + "/chat/completions"
         self._openai = openai
         # An empty key sends no Authorization header at all (local servers need none).
-        headers = {} if config.api_key else {"Authorization": openai.Omit()}
+        self._headers = {} if config.api_key else {"Authorization": openai.Omit()}
         self._client = openai.OpenAI(base_url=config.base_url, api_key=config.api_key or "unused",
-                                     timeout=config.timeout_s, max_retries=0, default_headers=headers)
+                                     timeout=config.timeout_s, max_retries=0)
 
     def complete(self, messages: list[dict[str, Any]], seed: int | None = None,
                  tools: list[dict[str, Any]] | None = None, tag: str = "") -> ChatReply:
@@ -137,7 +137,8 @@ class ChatClient:
             extra.update(tools=tools, tool_choice="auto")
         try:
             completion = self._client.chat.completions.create(
-                model=cfg.model, messages=messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens, **extra)
+                model=cfg.model, messages=messages, temperature=cfg.temperature, max_tokens=cfg.max_tokens,
+                extra_headers=self._headers, **extra)
         except openai.APITimeoutError:
             raise _RequestFailed("timeout", f"no reply from {self.url} within timeout_s={cfg.timeout_s}",
                                  retryable=True) from None
