@@ -13,13 +13,12 @@ import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cuda_agent.cli_support import console, default_device, err_console, fail_usage
+from cuda_agent.agent.cli import agent_app, optimize, traj_app
+from cuda_agent.cli_support import console, err_console, eval_config_from, fail_usage, read_yaml_config
 from cuda_agent.environment import (
-    POLICIES, ConfigError, EvalConfig, SolutionError, TaskLoadError, Verdict, evaluate, load_solution,
-    load_task, load_tasks,
+    POLICIES, EvalConfig, SolutionError, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
 )
 from cuda_agent.environment.build import build_many
-from cuda_agent.environment.guards import GuardConfigError
 from cuda_agent.synth.cli import synth_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -27,35 +26,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 tasks_app = typer.Typer(no_args_is_help=True, help="Inspect task sets (KernelBench folders, datasets).")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(synth_app, name="synth")
+app.add_typer(agent_app, name="agent")
+app.add_typer(traj_app, name="traj")
+app.command()(optimize)
 
 
 def _build_config(device: Optional[str], config_file: Optional[Path], precision: Optional[str],
                   trials: Optional[int], compile_baseline: Optional[bool]) -> EvalConfig:
-    data: dict[str, Any] = {}
-    if config_file is not None:
-        import yaml
-
-        try:
-            data = yaml.safe_load(config_file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            fail_usage(f"{config_file}: cannot read config ({exc})")
-        if not isinstance(data, dict):
-            fail_usage(f"{config_file}: config must be a mapping of sections (build, verify, timing, limits)")
-    data.setdefault("device", device or default_device())
-    if device:
-        data["device"] = device
-    verify = dict(data.get("verify") or {})
-    if precision is not None:
-        verify["precision"] = precision
-    if trials is not None:
-        verify["trials"] = trials
-    data["verify"] = verify
-    if compile_baseline is not None:
-        data["timing"] = {**(data.get("timing") or {}), "compile_baseline": compile_baseline}
-    try:
-        return EvalConfig.from_dict(data)
-    except (ConfigError, GuardConfigError, TypeError) as exc:
-        fail_usage(f"invalid configuration: {exc}")
+    data = read_yaml_config(config_file) if config_file is not None else {}
+    return eval_config_from(data, device, precision, trials, compile_baseline)
 
 
 def _fmt(value: Optional[float], unit: str = "") -> str:

@@ -3,10 +3,14 @@ default device."""
 
 from __future__ import annotations
 
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
+
+from cuda_agent.environment import ConfigError, EvalConfig
+from cuda_agent.environment.guards import GuardConfigError
 
 EXIT_BAD_USAGE = 2
 
@@ -25,3 +29,37 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def read_yaml_config(path: Path) -> dict[str, Any]:
+    """A YAML config file as a mapping of sections; exits 2 naming the file when it is not one."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        fail_usage(f"{path}: cannot read config ({exc})")
+    if not isinstance(data, dict):
+        fail_usage(f"{path}: config must be a mapping of sections (build, verify, timing, limits, ...)")
+    return data
+
+
+def eval_config_from(data: dict[str, Any], device: Optional[str], precision: Optional[str] = None,
+                     trials: Optional[int] = None, compile_baseline: Optional[bool] = None) -> EvalConfig:
+    """The evaluation config from parsed YAML sections and command-line overrides (exit 2 if invalid)."""
+    data = dict(data)
+    data.setdefault("device", device or default_device())
+    if device:
+        data["device"] = device
+    verify = dict(data.get("verify") or {})
+    if precision is not None:
+        verify["precision"] = precision
+    if trials is not None:
+        verify["trials"] = trials
+    data["verify"] = verify
+    if compile_baseline is not None:
+        data["timing"] = {**(data.get("timing") or {}), "compile_baseline": compile_baseline}
+    try:
+        return EvalConfig.from_dict(data)
+    except (ConfigError, GuardConfigError, TypeError) as exc:
+        fail_usage(f"invalid configuration: {exc}")

@@ -1,5 +1,5 @@
 """The LLM composer against a local OpenAI-compatible server speaking the real chat-completions
-protocol over HTTP on loopback (``openai_test_server.py``)."""
+protocol over HTTP on loopback (``tests/openai_server.py`` with ``composer_server.py``'s script)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import pytest
 import torch
 
 from cuda_agent.environment import load_task
+from cuda_agent.llm import LLMConfig, LLMEndpointError, UsageLog
 from cuda_agent.synth.llm_composer import (
-    InvalidComposition, LLMCompositionError, LLMComposer, LLMConfig, LLMEndpointError, UsageLog,
-    build_messages, compose_many, extract_code, validate,
+    InvalidComposition, LLMCompositionError, LLMComposer, build_messages, compose_many, extract_code, validate,
 )
 from cuda_agent.synth.records import SeedOp
 
-from openai_test_server import OpenAITestServer, task_code
+from composer_server import composer_server, task_code
+from openai_server import OpenAITestServer
 
 LINEAR = SeedOp("torch.nn.Linear", "module", "torch", "linear", 1, (2, 3), ("float32",), "reshape",
                 init={"in_features": "{last}", "out_features": 64}, signature="(in_features, out_features, bias=True)",
@@ -43,7 +44,7 @@ def _run(code: str) -> torch.Tensor:
 
 
 def test_llm_composer_output_loads_and_runs_as_task(tmp_path):
-    with OpenAITestServer("valid") as server:
+    with composer_server("valid") as server:
         record = LLMComposer(_config(server)).compose([LINEAR, GELU, NORM], seed=7)
     assert record.ops == ["torch.nn.Linear", "torch.nn.functional.gelu", "torch.nn.LayerNorm"]
     assert (record.composer, record.seed, record.source) == ("llm:test-model", 7, "torch")
@@ -56,7 +57,7 @@ def test_llm_composer_output_loads_and_runs_as_task(tmp_path):
 
 
 def test_llm_composer_sends_chat_completions_request_with_bearer_auth():
-    with OpenAITestServer("valid") as server:
+    with composer_server("valid") as server:
         LLMComposer(_config(server, temperature=0.3, max_tokens=1000)).compose([TANH], seed=3)
     (request,) = server.requests
     assert request["headers"]["Authorization"] == "Bearer test-key"
@@ -68,14 +69,14 @@ def test_llm_composer_sends_chat_completions_request_with_bearer_auth():
 
 
 def test_llm_composer_wrong_api_key_fails_at_once_naming_the_key():
-    with OpenAITestServer("valid", api_key="right") as server:
+    with composer_server("valid", api_key="right") as server:
         with pytest.raises(LLMEndpointError, match="HTTP 401.*CUDA_AGENT_LLM_API_KEY"):
             LLMComposer(_config(server)).compose([TANH], seed=0)
     assert server.unauthorized == 1 and server.requests == []
 
 
 def test_llm_composer_feeds_validation_error_back_and_accepts_repair():
-    with OpenAITestServer("invalid_then_valid") as server:
+    with composer_server("invalid_then_valid") as server:
         record = LLMComposer(_config(server)).compose([LINEAR, TANH], seed=1)
     assert len(server.requests) == 2
     repair = server.requests[1]["body"]["messages"]
@@ -85,7 +86,7 @@ def test_llm_composer_feeds_validation_error_back_and_accepts_repair():
 
 
 def test_llm_composer_gives_up_after_max_repairs_with_reason():
-    with OpenAITestServer("invalid") as server:
+    with composer_server("invalid") as server:
         with pytest.raises(LLMCompositionError, match=r"after 3 replies \(max_repairs=2\).*get_init_inputs"):
             LLMComposer(_config(server, max_repairs=2)).compose([TANH], seed=0)
     assert len(server.requests) == 3
@@ -93,7 +94,7 @@ def test_llm_composer_gives_up_after_max_repairs_with_reason():
 
 def test_llm_composer_retries_429_after_backoff_and_logs_each_request(tmp_path):
     log = tmp_path / "logs" / "usage.jsonl"
-    with OpenAITestServer("429_then_valid") as server:
+    with composer_server("429_then_valid") as server:
         composer = LLMComposer(_config(server, backoff_s=0.1, max_backoff_s=1.0, usage_log=log,
                                        usd_per_mtok_prompt=1.0, usd_per_mtok_completion=2.0))
         composer.compose([SIGMOID], seed=5)
@@ -111,7 +112,7 @@ def test_llm_composer_retries_429_after_backoff_and_logs_each_request(tmp_path):
 
 
 def test_llm_composer_retries_a_timeout():
-    with OpenAITestServer("slow_then_valid", slow_s=1.0) as server:
+    with composer_server("slow_then_valid", slow_s=1.0) as server:
         usage = UsageLog()
         LLMComposer(_config(server, timeout_s=0.2), usage).compose([TANH], seed=0)
     assert len(server.requests) == 2
@@ -119,7 +120,7 @@ def test_llm_composer_retries_a_timeout():
 
 
 def test_llm_composer_persistent_500_fails_clearly_after_max_retries():
-    with OpenAITestServer("500") as server:
+    with composer_server("500") as server:
         with pytest.raises(LLMEndpointError, match=r"failed 3 times \(max_retries=2\).*HTTP 500.*scripted 500"):
             LLMComposer(_config(server, max_retries=2)).compose([TANH], seed=0)
     assert len(server.requests) == 3
@@ -129,7 +130,7 @@ def test_compose_many_respects_concurrency_and_keeps_order(tmp_path):
     log = tmp_path / "usage.jsonl"
     op_lists = [[TANH], [SIGMOID, LINEAR], [GELU], [NORM, TANH], [LINEAR], [SIGMOID], [GELU, NORM], [TANH]]
     seeds = list(range(100, 108))
-    with OpenAITestServer("valid", delay_s=0.15) as server:
+    with composer_server("valid", delay_s=0.15) as server:
         results = list(compose_many(op_lists, seeds, _config(server, concurrency=3, usage_log=log)))
     assert server.max_in_flight == 3
     assert [(r.index, r.seed, r.error) for r in results] == [(i, s, None) for i, s in enumerate(seeds)]
@@ -138,7 +139,7 @@ def test_compose_many_respects_concurrency_and_keeps_order(tmp_path):
 
 
 def test_compose_many_reports_failures_as_results():
-    with OpenAITestServer("500") as server:
+    with composer_server("500") as server:
         (result,) = compose_many([[TANH]], [0], _config(server, max_retries=1))
     assert result.record is None and "HTTP 500" in result.error
 

@@ -52,10 +52,14 @@ class _Stop(Exception):
         self.error = error
 
 
-def evaluate(task: Task, solution_path: str | Path, config: EvalConfig | None = None) -> Verdict:
+def evaluate(task: Task, solution_path: str | Path, config: EvalConfig | None = None, profile: bool = True) -> Verdict:
     """Evaluate one candidate on one task and return the trusted verdict (never raises for
-    anything the candidate or the task does)."""
-    return _Evaluation(task, Path(solution_path), config or EvalConfig()).run()
+    anything the candidate or the task does).
+
+    ``profile=False`` stops after the correctness trials (no baselines, no timing): a quick check
+    for an agent iterating on correctness. Its reward is at most 1, and a note says it was not timed.
+    """
+    return _Evaluation(task, Path(solution_path), config or EvalConfig(), profile).run()
 
 
 def _default_scratch_root() -> Path:
@@ -66,10 +70,11 @@ def _default_scratch_root() -> Path:
 
 
 class _Evaluation:
-    def __init__(self, task: Task, solution_path: Path, config: EvalConfig) -> None:
+    def __init__(self, task: Task, solution_path: Path, config: EvalConfig, profile: bool) -> None:
         self.task = task
         self.solution_path = solution_path
         self.config = config
+        self.profile = profile
         self.policy = POLICIES.get(config.verify.precision)
         self.verdict = Verdict(
             compiled=False, correct=False, reward=-1, eager_ms=None, compile_ms=None, candidate_ms=None,
@@ -114,10 +119,13 @@ class _Evaluation:
             trials = self._prepare_trials()
             built = self._finish_build(build)
         self._phase("prepare")
-        baselines = self._baselines()
+        baselines = self._baselines() if self.profile else {}
         self._load_candidate(built)
         self._verify(trials)
         self._phase("verify")
+        if not self.profile:
+            self.verdict.notes.append("verified only (profile=False): not timed, so the reward is at most 1")
+            return
         self._profile(baselines)
         self._phase("profile")
         if self.config.verify.post_timing_check:

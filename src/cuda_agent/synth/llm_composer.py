@@ -1,38 +1,30 @@
 """The LLM composer: an OpenAI-compatible chat endpoint fuses sampled seed operators into one task.
 
 The deterministic composer chains operators mechanically; this one asks a model to arrange the same
-kind of sample into a layer that looks like real model code (the paper's composer). It speaks the
-chat-completions protocol (``POST {base_url}/chat/completions``) with the standard library, so it
-works against any OpenAI-compatible server (hosted APIs, vLLM, SGLang) without an extra dependency.
+kind of sample into a layer that looks like real model code (the paper's composer). It talks to any
+OpenAI-compatible server (hosted APIs, vLLM, SGLang) through the shared client of
+:mod:`cuda_agent.llm`.
 
 Every reply is checked statically (it parses, defines the KernelBench names and uses every
 requested operator) and rejected code is sent back with the reason for a repair. The code is never
-executed here: running it is the execution filter's job, in a worker process. Transient failures
-(HTTP 429 and 5xx, timeouts, dropped connections) are retried with exponential backoff, and every
-HTTP request is written to a JSONL usage log with its tokens, latency and cost.
+executed here: running it is the execution filter's job, in a worker process. The client retries
+transient failures with backoff and logs every HTTP request with its tokens, latency and cost.
 """
 
 from __future__ import annotations
 
 import ast
-import http.client
 import json
 import logging
-import os
-import random
 import re
 import threading
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 from cuda_agent.environment.task import TaskLoadError, check_source
+from cuda_agent.llm import ChatClient, LLMConfig, LLMError, UsageLog
 from cuda_agent.synth.records import SeedOp, TaskRecord
 
 if TYPE_CHECKING:
@@ -40,22 +32,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-ENV_BASE_URL = ("CUDA_AGENT_LLM_BASE_URL", "OPENAI_BASE_URL")
-ENV_MODEL = ("CUDA_AGENT_LLM_MODEL",)
-ENV_API_KEY = ("CUDA_AGENT_LLM_API_KEY", "OPENAI_API_KEY")
-"""Environment variables read by :meth:`LLMConfig.from_env`, first match wins."""
-
-_RETRYABLE_HTTP = frozenset({408, 409, 429})
 _FENCE = re.compile(r"```[ \t]*([\w+.-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = ("python", "python3", "py")
-
-
-class LLMError(RuntimeError):
-    """The LLM composer could not produce a task (the pipeline counts it as a compose rejection)."""
-
-
-class LLMEndpointError(LLMError):
-    """The endpoint refused the request, or kept failing after every retry."""
 
 
 class LLMCompositionError(LLMError):
@@ -64,256 +42,6 @@ class LLMCompositionError(LLMError):
 
 class InvalidComposition(ValueError):
     """One reply's code is not a usable task; the message is fed back to the model."""
-
-
-@dataclass(frozen=True)
-class LLMConfig:
-    """Endpoint, sampling and budget settings of the LLM composer."""
-
-    base_url: str
-    """Endpoint root, up to and including the API version: ``https://api.openai.com/v1``,
-    ``http://localhost:8000/v1`` (vLLM). ``/chat/completions`` is appended."""
-    model: str
-    """Model name sent in each request; the record's composer is ``llm:<model>``."""
-    api_key: str = field(default="", repr=False)
-    """Sent as ``Authorization: Bearer <key>``; empty sends no header (local servers)."""
-    temperature: float = 0.7
-    max_tokens: int = 4096
-    """Completion budget per reply; a reply cut at it is rejected and repaired."""
-    timeout_s: float = 120.0
-    """Limit for connecting and for each read from the endpoint; a timeout is retried."""
-    max_retries: int = 4
-    """Retries of one request after HTTP 408/409/429/5xx, a timeout or a dropped connection."""
-    max_repairs: int = 2
-    """Times invalid code is sent back with the reason before the task is given up."""
-    concurrency: int = 4
-    """Requests in flight at once in :func:`compose_many`."""
-    backoff_s: float = 1.0
-    """Wait before the first retry; doubled on each further retry (plus up to 25% jitter)."""
-    max_backoff_s: float = 60.0
-    """Cap on one wait, including a server's ``Retry-After``."""
-    usage_log: Path | None = None
-    """JSONL file that gets one line per HTTP request (appended); ``None`` keeps totals only."""
-    usd_per_mtok_prompt: float = 0.0
-    """Price of a million prompt tokens, for the ``cost_usd`` of each request and the totals."""
-    usd_per_mtok_completion: float = 0.0
-    """Price of a million completion tokens."""
-
-    def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"llm: base_url is {self.base_url!r}; expected an http(s) URL such as "
-                             f"http://localhost:8000/v1 (argument, or env {' / '.join(ENV_BASE_URL)})")
-        if not self.model:
-            raise ValueError(f"llm: model is empty; pass one or set {ENV_MODEL[0]}")
-        if self.temperature < 0:
-            raise ValueError(f"llm: temperature must be >= 0, got {self.temperature}")
-        for name in ("max_tokens", "concurrency"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"llm: {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_retries", "max_repairs", "backoff_s", "max_backoff_s",
-                     "usd_per_mtok_prompt", "usd_per_mtok_completion"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"llm: {name} must be >= 0, got {getattr(self, name)}")
-        if self.timeout_s <= 0:
-            raise ValueError(f"llm: timeout_s must be > 0, got {self.timeout_s}")
-        if self.usage_log is not None:
-            object.__setattr__(self, "usage_log", Path(self.usage_log))
-
-    @classmethod
-    def from_env(cls, base_url: str | None = None, model: str | None = None, api_key: str | None = None,
-                 env: Mapping[str, str] | None = None, **settings: Any) -> LLMConfig:
-        """Build a config from explicit values, falling back to the environment.
-
-        Args:
-            base_url, model, api_key: explicit values; ``None`` reads :data:`ENV_BASE_URL`,
-                :data:`ENV_MODEL`, :data:`ENV_API_KEY` (first set variable wins).
-            env: the environment to read (default ``os.environ``).
-            settings: any other :class:`LLMConfig` field.
-
-        Raises:
-            ValueError: naming the missing setting and the variables that could provide it.
-        """
-        env = os.environ if env is None else env
-
-        def pick(value: str | None, names: tuple[str, ...]) -> str:
-            return value if value is not None else next((env[n] for n in names if env.get(n)), "")
-
-        return cls(base_url=pick(base_url, ENV_BASE_URL).rstrip("/"), model=pick(model, ENV_MODEL),
-                   api_key=pick(api_key, ENV_API_KEY), **settings)
-
-
-@dataclass(frozen=True)
-class ChatReply:
-    """The part of a chat completion the composer uses."""
-
-    content: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-
-
-@dataclass
-class UsageTotals:
-    """Running totals over every HTTP request a :class:`UsageLog` has seen."""
-
-    requests: int = 0
-    failed_requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
-    latency_s: float = 0.0
-
-
-class UsageLog:
-    """Per-request JSONL log plus running totals; safe to share between threads."""
-
-    def __init__(self, path: str | Path | None = None, usd_per_mtok_prompt: float = 0.0,
-                 usd_per_mtok_completion: float = 0.0) -> None:
-        self.path = None if path is None else Path(path)
-        if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._prices = (usd_per_mtok_prompt, usd_per_mtok_completion)
-        self._totals = UsageTotals()
-        self._lock = threading.Lock()
-
-    @classmethod
-    def for_config(cls, config: LLMConfig) -> UsageLog:
-        return cls(config.usage_log, config.usd_per_mtok_prompt, config.usd_per_mtok_completion)
-
-    def record(self, *, model: str, seed: int, attempt: int, status: str, latency_s: float,
-               prompt_tokens: int = 0, completion_tokens: int = 0, error: str = "") -> None:
-        """Count one HTTP request and append its line.
-
-        Args:
-            attempt: 1 for the first try of a request, 2.. for its retries.
-            status: ``ok``, ``http_<code>``, ``timeout``, ``connection_error`` or ``bad_response``.
-            latency_s: seconds from sending the request to the reply or the failure.
-        """
-        cost = (prompt_tokens * self._prices[0] + completion_tokens * self._prices[1]) / 1e6
-        line = {"timestamp": datetime.now(timezone.utc).isoformat(), "model": model, "seed": seed,
-                "attempt": attempt, "status": status, "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens,
-                "latency_s": latency_s, "cost_usd": cost, "error": error}
-        with self._lock:
-            totals = self._totals
-            totals.requests += 1
-            totals.failed_requests += status != "ok"
-            totals.prompt_tokens += prompt_tokens
-            totals.completion_tokens += completion_tokens
-            totals.cost_usd += cost
-            totals.latency_s += latency_s
-            if self.path is not None:
-                with self.path.open("a") as log:
-                    log.write(json.dumps(line) + "\n")
-
-    @property
-    def totals(self) -> UsageTotals:
-        with self._lock:
-            return replace(self._totals)
-
-
-class _RequestFailed(Exception):
-    """One HTTP request failed; ``status`` goes to the usage log, ``retryable`` decides what next."""
-
-    def __init__(self, status: str, message: str, retryable: bool, retry_after_s: float = 0.0) -> None:
-        super().__init__(message)
-        self.status, self.retryable, self.retry_after_s = status, retryable, retry_after_s
-
-
-class ChatClient:
-    """Chat-completions requests with retries, backoff and usage logging."""
-
-    def __init__(self, config: LLMConfig, usage: UsageLog | None = None) -> None:
-        self.config = config
-        self.usage = usage if usage is not None else UsageLog.for_config(config)
-        self.url = config.base_url.rstrip("/") + "/chat/completions"
-
-    def complete(self, messages: list[dict[str, str]], seed: int) -> ChatReply:
-        """Send ``messages``; retry transient failures up to ``max_retries`` times.
-
-        Raises:
-            LLMEndpointError: a non-retryable status (e.g. 400, 401), a malformed reply, or the
-                last retry failing; the message names the URL, the status and the attempts.
-        """
-        cfg = self.config
-        for attempt in range(1, cfg.max_retries + 2):
-            start = time.monotonic()
-            try:
-                reply = self._post(messages, seed)
-            except _RequestFailed as exc:
-                self._log(seed, attempt, exc.status, start, error=str(exc))
-                if not exc.retryable:
-                    raise LLMEndpointError(f"llm: {exc}") from None
-                if attempt > cfg.max_retries:
-                    raise LLMEndpointError(f"llm: {self.url} failed {attempt} times (max_retries="
-                                           f"{cfg.max_retries}); last error: {exc}") from None
-                delay = min(max(cfg.backoff_s * 2 ** (attempt - 1), exc.retry_after_s)
-                            * (1 + 0.25 * random.random()), cfg.max_backoff_s)
-                logger.info("llm: %s (attempt %d); retrying in %.2f s", exc, attempt, delay)
-                time.sleep(delay)
-            else:
-                self._log(seed, attempt, "ok", start, reply.prompt_tokens, reply.completion_tokens)
-                return reply
-        raise AssertionError("unreachable: the last attempt returns or raises")
-
-    def _log(self, seed: int, attempt: int, status: str, start: float, prompt_tokens: int = 0,
-             completion_tokens: int = 0, error: str = "") -> None:
-        self.usage.record(model=self.config.model, seed=seed, attempt=attempt, status=status,
-                          latency_s=time.monotonic() - start, prompt_tokens=prompt_tokens,
-                          completion_tokens=completion_tokens, error=error)
-
-    def _post(self, messages: list[dict[str, str]], seed: int) -> ChatReply:
-        cfg = self.config
-        body = {"model": cfg.model, "messages": messages, "temperature": cfg.temperature,
-                "max_tokens": cfg.max_tokens, "seed": seed}
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if cfg.api_key:
-            headers["Authorization"] = f"Bearer {cfg.api_key}"
-        request = urllib.request.Request(self.url, json.dumps(body).encode(), headers, method="POST")
-        try:
-            with urllib.request.urlopen(request, timeout=cfg.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            raise _http_failure(exc, self.url) from None
-        except (OSError, http.client.HTTPException) as exc:
-            reason = getattr(exc, "reason", exc)
-            if isinstance(reason, TimeoutError):
-                raise _RequestFailed("timeout", f"no reply from {self.url} within timeout_s={cfg.timeout_s}",
-                                     retryable=True) from None
-            raise _RequestFailed("connection_error", f"cannot reach {self.url}: {reason}", retryable=True) from None
-        return _parse_reply(raw, self.url)
-
-
-def _http_failure(exc: urllib.error.HTTPError, url: str) -> _RequestFailed:
-    """Retryable for 408/409/429/5xx (honouring ``Retry-After``), final for the rest."""
-    detail = exc.read().decode(errors="replace")[:500]
-    try:
-        detail = json.loads(detail)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        pass
-    message = f"HTTP {exc.code} from {url}: {detail}"
-    if exc.code in (401, 403):
-        message += f" (check the API key: argument or env {' / '.join(ENV_API_KEY)})"
-    retryable = exc.code in _RETRYABLE_HTTP or exc.code >= 500
-    try:
-        retry_after_s = float(exc.headers.get("Retry-After", 0))
-    except ValueError:
-        retry_after_s = 0.0
-    return _RequestFailed(f"http_{exc.code}", message, retryable, retry_after_s)
-
-
-def _parse_reply(raw: bytes, url: str) -> ChatReply:
-    try:
-        payload = json.loads(raw)
-        choice = payload["choices"][0]
-        usage = payload.get("usage") or {}
-        return ChatReply(content=choice["message"].get("content") or "",
-                         finish_reason=choice.get("finish_reason") or "",
-                         prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                         completion_tokens=int(usage.get("completion_tokens", 0)))
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-        raise _RequestFailed("bad_response", f"{url} sent no chat completion (expected choices[0].message; "
-                             f"{type(exc).__name__}: {exc}): {raw[:200]!r}", retryable=False) from None
 
 
 SYSTEM_PROMPT = '''\

@@ -1,0 +1,155 @@
+"""A local Hugging Face ``transformers`` model as a policy: offline runs and the trainer's rollouts.
+
+The model speaks the text tool protocol (:mod:`cuda_agent.agent.text_protocol`) through its own
+chat template, so any chat model works. Concurrent episodes are batched: requests arriving within
+``batch_wait_s`` of each other are generated together (left padding), up to ``max_batch``.
+Every reply carries the exact prompt and completion token ids (what a trainer needs; the
+trajectory stores them per step). ``transformers`` (and ``peft`` for adapters) are imported only
+here: ``pip install 'cuda-agent[hf]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.agent.base import Policy, PolicyError, PolicyReply
+from cuda_agent.agent.text_protocol import parse_tool_calls, render_for_text_model
+
+
+@dataclass(frozen=True)
+class HFConfig:
+    """Which local model to load and how to sample from it."""
+
+    model_path: Path
+    """A folder ``save_pretrained`` wrote (model and tokenizer with a chat template)."""
+    adapter_path: Path | None = None
+    """A PEFT adapter folder to apply on top (needs ``peft``)."""
+    device: str = "cpu"
+    """``cpu``, ``cuda`` or ``cuda:<n>``."""
+    dtype: str = "float32"
+    """``float32``, ``bfloat16`` or ``float16``."""
+    max_new_tokens: int = 2048
+    temperature: float = 0.7
+    """0 decodes greedily."""
+    top_p: float = 1.0
+    max_batch: int = 8
+    """Most episodes generated together in one batch."""
+    batch_wait_s: float = 0.02
+    """How long the first request of a batch waits for others to join."""
+    seed: int | None = None
+    """Seed torch's generator once when the model loads (reproducible sampling)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "model_path", Path(self.model_path))
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"hf.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.max_new_tokens < 1 or self.max_batch < 1:
+            raise ValueError("hf.max_new_tokens and hf.max_batch must be >= 1")
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.batch_wait_s < 0:
+            raise ValueError("hf.temperature must be >= 0, hf.top_p in (0, 1], hf.batch_wait_s >= 0")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One generated turn: token ids of its prompt and completion, and the decoded text."""
+
+    prompt_ids: tuple[int, ...]
+    completion_ids: tuple[int, ...]
+    text: str
+    finish_reason: str
+    """``stop`` (end-of-sequence generated) or ``length`` (cut at ``max_new_tokens``)."""
+
+
+class HFPolicy(Policy):
+    name = "hf"
+
+    def __init__(self, config: HFConfig) -> None:
+        try:
+            import torch
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+        except ImportError:
+            raise PolicyError("the hf policy needs transformers: pip install 'cuda-agent[hf]'") from None
+        if not (config.model_path / "config.json").is_file():
+            raise PolicyError(f"{config.model_path}: not a transformers model folder (no config.json)")
+        self.config, self._torch = config, torch
+        if config.seed is not None:
+            torch.manual_seed(config.seed)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        if self.tokenizer.chat_template is None:
+            raise PolicyError(f"{config.model_path}: the tokenizer has no chat template")
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=getattr(torch, config.dtype))
+        if config.adapter_path is not None:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, config.adapter_path)
+        self.model = model.to(config.device).eval()
+        self._pending: list[tuple[tuple[int, ...], asyncio.Future]] = []
+        self._batcher: asyncio.Task | None = None
+
+    def describe(self) -> dict[str, Any]:
+        c = self.config
+        return {"name": self.name, "model": str(c.model_path), "adapter": str(c.adapter_path or ""),
+                "temperature": c.temperature, "top_p": c.top_p, "max_new_tokens": c.max_new_tokens,
+                "tool_protocol": "text"}
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> tuple[int, ...]:
+        """The token ids of ``messages`` under the chat template, ending in the generation prompt."""
+        encoded = self.tokenizer.apply_chat_template(render_for_text_model(messages, tools),
+                                                     add_generation_prompt=True, tokenize=True)
+        return tuple(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+    def count_tokens(self, messages: list[dict[str, Any]]) -> int:
+        text = "".join(str(m.get("content") or "") for m in messages)
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) + 8 * len(messages)
+
+    def generate_batch(self, prompts: list[tuple[int, ...]]) -> list[Generation]:
+        """Generate one completion per prompt (token ids) in one padded batch."""
+        torch, tok, cfg = self._torch, self.tokenizer, self.config
+        width = max(len(p) for p in prompts)
+        input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
+        attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        sampling = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p} \
+            if cfg.temperature > 0 else {"do_sample": False}
+        with torch.no_grad():
+            output = self.model.generate(input_ids=input_ids.to(cfg.device), attention_mask=attention.to(cfg.device),
+                                         max_new_tokens=cfg.max_new_tokens, pad_token_id=tok.pad_token_id,
+                                         eos_token_id=tok.eos_token_id, **sampling)
+        generations = []
+        for prompt, row in zip(prompts, output[:, width:].tolist()):
+            stop = row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
+            completion = tuple(row[:stop])
+            generations.append(Generation(prompt, completion, tok.decode(completion, skip_special_tokens=True),
+                                          "stop" if tok.eos_token_id in completion else "length"))
+        return generations
+
+    async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], episode_id: str) -> PolicyReply:
+        prompt = self.prompt_ids(messages, tools)
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending.append((prompt, future))
+        if self._batcher is None or self._batcher.done():
+            self._batcher = asyncio.create_task(self._run_batches())
+        generation: Generation = await future
+        calls, errors = parse_tool_calls(generation.text, f"call_{uuid.uuid4().hex[:8]}")
+        message = {"role": "assistant", "content": generation.text, **({"tool_calls": calls} if calls else {})}
+        return PolicyReply(message, len(prompt), len(generation.completion_ids), generation.finish_reason,
+                           tuple(errors), generation.prompt_ids, generation.completion_ids)
+
+    async def _run_batches(self) -> None:
+        while self._pending:
+            await asyncio.sleep(self.config.batch_wait_s)
+            batch, self._pending = self._pending[: self.config.max_batch], self._pending[self.config.max_batch:]
+            try:
+                results = await asyncio.to_thread(self.generate_batch, [prompt for prompt, _ in batch])
+            except Exception as exc:  # a model failure fails its episodes, not the runner
+                for _, future in batch:
+                    future.set_exception(PolicyError(f"generation failed: {type(exc).__name__}: {exc}"))
+                continue
+            for (_, future), result in zip(batch, results):
+                future.set_result(result)
