@@ -11,6 +11,8 @@ import pytest
 from cuda_agent.synth.dataset import read_dataset
 from cuda_agent.synth.mining import mine_seed_ops, save_catalogue
 
+from support import EXAMPLES
+
 
 def _synth(cli: list[str], env: dict[str, str], *args: str | Path) -> subprocess.CompletedProcess:
     return subprocess.run([*cli, "synth", *map(str, args)], env=env, capture_output=True, text=True, timeout=600)
@@ -60,9 +62,13 @@ def test_run_with_a_time_limit_saves_what_it_decided_and_resumes(cli, cli_env, c
     (("run", "--n", "2", "--out", "{tmp}", "--device", "tpu"), "filter.device must be one of"),
     (("filter", "{tmp}/missing.jsonl", "--out", "{tmp}/data", "--device", "cpu"), "missing.jsonl"),
     (("compose", "--n", "2", "--catalogue", "{tmp}/none.json", "--device", "cpu"), "no such seed catalogue"),
+    (("decontaminate", "{tmp}", "--benchmark", "{tmp}"), "not a dataset directory"),
+    (("decontaminate", "{examples}/data/synth-h100-sample", "--benchmark", "{tmp}", "--similarity", "2"),
+     "--similarity must be in (0, 1]"),
+    (("sample", "{examples}/data/synth-h100-sample", "--n", "201", "--out", "{tmp}/s"), "between 1 and the 200 tasks"),
 ])
 def test_bad_input_is_named_with_exit_status_2(cli, cli_env, tmp_path: Path, args, message: str) -> None:
-    result = _synth(cli, cli_env, *(arg.format(tmp=tmp_path) for arg in args))
+    result = _synth(cli, cli_env, *(arg.format(tmp=tmp_path, examples=EXAMPLES) for arg in args))
     assert result.returncode == 2, (result.stdout, result.stderr)
     assert message in " ".join((result.stdout + result.stderr).split())
     assert "Traceback" not in result.stderr

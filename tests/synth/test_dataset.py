@@ -197,3 +197,28 @@ def test_missing_paths_are_reported(tmp_path: Path) -> None:
 
 def test_columns_cover_every_task_record_field() -> None:
     assert set(dataset._COLUMNS) == set(make_records()[0].to_row())
+
+
+def test_a_sample_takes_equal_shares_per_fused_op_count_in_id_order(tmp_path: Path) -> None:
+    run_uninterrupted(tmp_path / "full")
+    numbers = dataset.write_sample(tmp_path / "full", 5, tmp_path / "sample")
+    records = make_records()
+    by_count: dict[int, list[TaskRecord]] = {}
+    for record in sorted(records, key=lambda r: r.id):
+        by_count.setdefault(len(record.ops), []).append(record)
+    # 1-op and 3-op tasks: shares of 3 and 2 (one each per round, 1-ops first).
+    expected = sorted(by_count[1][:3] + by_count[3][:2], key=lambda r: r.id)
+    assert read_dataset(tmp_path / "sample" / PARQUET) == expected
+    assert numbers["ops_per_task"] == {1: 3, 3: 2} and numbers["sample_of"]["tasks"] == len(records)
+    card = (tmp_path / "sample" / CARD).read_text()
+    assert "A sample of 5 of the 12 tasks" in card and "0.1 - 100 ms" in card
+    with pytest.raises(DatasetError, match="between 1 and the 12 tasks"):
+        dataset.write_sample(tmp_path / "full", 13, tmp_path / "too-many")
+
+
+def test_bundled_sample_is_a_stratified_gpu_dataset() -> None:
+    sample = Path(__file__).resolve().parents[2] / "examples" / "data" / "synth-h100-sample"
+    records = read_dataset(sample / PARQUET)
+    assert len(records) == 200 and {len(r.ops) for r in records} == {1, 2, 3, 4, 5}
+    assert all(r.device == "cuda" and 1.0 <= r.eager_ms <= 100.0 and r.compile_ms for r in records)
+    assert all(result.task is not None for result in load_tasks(sample / PARQUET))

@@ -3,6 +3,7 @@ any stage and resumed gives the same dataset as one that ran through."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -122,3 +123,31 @@ def test_a_run_stopped_by_its_time_limit_writes_a_card_and_resumes_to_the_same_d
     numbers = pipeline.run(config, tmp_path, _composer)
     assert numbers["pending"] == 0 and numbers["this_run"]["accepted"] == numbers["tasks"] == 4
     assert _same_tasks(tmp_path, uninterrupted)
+
+
+def _benchmark_with_a_sigmoid_copy(tmp_path: Path) -> Path:
+    benchmark = tmp_path / "benchmark"
+    benchmark.mkdir()
+    (benchmark / "1_Sigmoid.py").write_text(_composer(1).code.replace("32, 128", "64, 256"))  # a resized copy
+    return benchmark
+
+
+def test_a_benchmark_given_on_resume_withdraws_accepted_copies(tmp_path: Path) -> None:
+    out = tmp_path / "dataset"
+    pipeline.run(_config(), out, _composer)
+    benchmark = _benchmark_with_a_sigmoid_copy(tmp_path)
+    config = _config()
+    config.benchmark = benchmark
+    for _ in range(2):  # the second resume finds nothing new to withdraw
+        numbers = pipeline.run(config, out, _composer)
+        assert sorted(r.ops[0] for r in read_dataset(out)) == ["torch.exp", "torch.relu", "torch.tanh"]
+        assert numbers["tasks"] == 3 and numbers["rejected"]["decontaminate"]["benchmark_match"] == 1
+
+
+def test_a_finished_dataset_is_decontaminated_on_its_own_settings(tmp_path: Path, uninterrupted: Path) -> None:
+    out = tmp_path / "dataset"
+    shutil.copytree(uninterrupted, out)
+    numbers = pipeline.decontaminate_dataset(out, _benchmark_with_a_sigmoid_copy(tmp_path))
+    assert numbers["withdrawn"] == 1 and numbers["tasks"] == 3
+    assert "torch.sigmoid" not in {r.ops[0] for r in read_dataset(out / "tasks.parquet")}
+    assert pipeline.decontaminate_dataset(out, tmp_path / "benchmark")["withdrawn"] == 0

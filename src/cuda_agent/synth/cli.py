@@ -266,6 +266,45 @@ def run_command(
     _run_pipeline(config, out, composer, _families(cat))
 
 
+@synth_app.command("decontaminate")
+def decontaminate_command(
+    dataset: Path = typer.Argument(..., help="Dataset directory (from `synth run` or `synth filter`)."),
+    benchmark: Path = typer.Option(..., help="Benchmark folder (e.g. a KernelBench checkout) to de-contaminate against."),
+    similarity: float = _FILTER_OPTIONS["similarity"],
+) -> None:
+    """Withdraw a finished dataset's near-copies of a benchmark given after it was made; measures
+    nothing, so it runs on any machine."""
+    from cuda_agent.synth.dataset import DatasetError
+    from cuda_agent.synth.pipeline import decontaminate_dataset
+
+    if not 0 < similarity <= 1:
+        fail_usage(f"--similarity must be in (0, 1], got {similarity}")
+    try:
+        numbers = decontaminate_dataset(dataset, benchmark, similarity)
+    except (DatasetError, OSError, ValueError) as exc:
+        fail_usage(str(exc))
+    _print_stats(numbers, dataset)
+    console.print(f"withdrawn now: {numbers['withdrawn']} near-copies of {benchmark}")
+
+
+@synth_app.command("sample")
+def sample_command(
+    dataset: Path = typer.Argument(..., help="Dataset directory, or its tasks.parquet / tasks.jsonl."),
+    n: int = typer.Option(200, "--n", help="Tasks in the sample."),
+    out: Path = typer.Option(..., help="Directory to write the sample to (tasks.parquet, README.md)."),
+) -> None:
+    """Write a small sample of a dataset for tests and demos: equal shares per number of fused ops."""
+    from cuda_agent.synth.dataset import DatasetError, write_sample
+
+    try:
+        numbers = write_sample(dataset, n, out)
+    except (DatasetError, OSError) as exc:
+        fail_usage(str(exc))
+    except ImportError as exc:
+        fail_usage(f"writing Parquet needs pyarrow ({exc}): pip install 'cuda-agent[parquet]'")
+    _print_stats(numbers, out)
+
+
 @synth_app.command("stats")
 def stats_command(
     dataset: Path = typer.Argument(..., help="Dataset directory, or its tasks.parquet / tasks.jsonl."),

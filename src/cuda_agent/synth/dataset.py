@@ -185,12 +185,21 @@ def _read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
             accepted.append(_record(entry["accepted"], origin))
         elif isinstance(entry, dict) and isinstance(entry.get("rejected"), dict):
             try:
-                rejected.append(Rejection(**entry["rejected"]))
+                rejection = Rejection(**entry["rejected"])
             except TypeError as exc:
                 raise DatasetError(f"{origin}: invalid rejection entry ({exc})") from None
+            if _withdraws(rejection, accepted):
+                accepted = [record for record in accepted if record.id != rejection.id]
+            rejected.append(rejection)
         else:
             raise DatasetError(f"{origin}: expected {{'accepted': row}} or {{'rejected': ...}}")
     return accepted, rejected
+
+
+def _withdraws(rejection: Rejection, accepted: Iterable[TaskRecord]) -> bool:
+    """A de-contamination drop of a task accepted earlier: a benchmark given when a run is resumed
+    applies to the whole dataset, so that task leaves it."""
+    return rejection.stage == "decontaminate" and any(record.id == rejection.id for record in accepted)
 
 
 class DatasetWriter:
@@ -198,6 +207,8 @@ class DatasetWriter:
 
     Use :meth:`open`; it resumes an existing directory. Each id is decided once: later decisions
     for an id already in the journal are ignored, so re-feeding a batch after a crash is harmless.
+    The one exception is de-contamination, which also withdraws tasks accepted before a benchmark
+    was given.
     """
 
     def __init__(self, directory: Path, info: DatasetInfo, created: str,
@@ -246,6 +257,28 @@ class DatasetWriter:
                         len(rejected))
         return cls(directory, info, created, accepted, rejected)
 
+    @classmethod
+    def reopen(cls, directory: str | Path) -> DatasetWriter:
+        """Reopen an existing dataset with the settings it was made with, for a stage that measures
+        nothing (de-contamination), so it may run on another machine or torch.
+
+        Raises:
+            DatasetError: ``directory`` is not a dataset made by DatasetWriter.
+        """
+        meta_path = Path(directory) / META
+        if not meta_path.exists():
+            raise DatasetError(f"{directory}: no {META}; not a dataset directory made by `cuda-agent synth`")
+        stored = dict(_read_meta(meta_path)["info"])
+        try:
+            info = DatasetInfo(**{**stored, "eager_window_ms": tuple(stored["eager_window_ms"])})
+        except (TypeError, KeyError, ValueError) as exc:
+            raise DatasetError(f"{meta_path}: invalid settings ({exc})") from None
+        return cls.open(directory, info)
+
+    def families(self) -> dict[str, str] | None:
+        """Operator -> family as the last :meth:`finalize` stored it (``None`` if it had none)."""
+        return _stored_families(self.directory)
+
     @property
     def decided(self) -> frozenset[str]:
         """Ids already accepted or rejected: the pipeline skips them."""
@@ -274,7 +307,10 @@ class DatasetWriter:
                 self._accepted.append(record)
                 lines.append({"accepted": _row(record)})
         for entry in rejected:
-            if entry.id not in self._decided:
+            withdrawn = _withdraws(entry, self._accepted)
+            if withdrawn:
+                self._accepted = [record for record in self._accepted if record.id != entry.id]
+            if withdrawn or entry.id not in self._decided:
                 self._decided.add(entry.id)
                 self._rejected.append(entry)
                 lines.append({"rejected": dataclasses.asdict(entry)})
@@ -460,14 +496,65 @@ def stats(path: str | Path, families: Mapping[str, str] | None = None) -> dict[s
         accepted, rejected = _read_journal(directory / JOURNAL)
     else:
         accepted, rejected = read_dataset(path), []
-    if families is None and (directory / FAMILIES).exists():
-        families = json.loads((directory / FAMILIES).read_text(encoding="utf-8"))
+    if families is None:
+        families = _stored_families(directory)
     meta = {}
     if (directory / META).exists():
         stored = _read_meta(directory / META)
         meta = {"created": stored["created"], **stored["info"]}
     files = [name for name in (PARQUET, JSONL) if (directory / name).exists()]
     return _stats(accepted, rejected, meta, families, files)
+
+
+def write_sample(source: str | Path, n: int, out_dir: str | Path) -> dict[str, Any]:
+    """Write a stratified sample of a finished dataset (for tests and demos): ``tasks.parquet``
+    and a card naming the source.
+
+    The sample takes equal shares per number of fused ops (a short share's remainder goes to the
+    others), each share the first tasks in ``id`` order: ids are content hashes, so the choice is
+    deterministic and unrelated to what a task computes.
+
+    Returns:
+        The sample card's numbers (as :func:`stats`, plus ``sample_of``).
+
+    Raises:
+        DatasetError: ``source`` is unreadable, or ``n`` is not in 1..its number of tasks.
+    """
+    source = Path(source)
+    records = read_dataset(source)
+    if not 1 <= n <= len(records):
+        raise DatasetError(f"sample size must be between 1 and the {len(records)} tasks of {source}, got {n}")
+    strata: dict[int, list[TaskRecord]] = {}
+    for record in sorted(records, key=lambda r: r.id):
+        strata.setdefault(len(record.ops), []).append(record)
+    picked: list[TaskRecord] = []
+    depth = 0
+    while len(picked) < n:
+        picked += [share[depth] for _, share in sorted(strata.items()) if depth < len(share)][:n - len(picked)]
+        depth += 1
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = [_row(record) for record in sorted(picked, key=lambda r: r.id)]
+    _write_parquet(rows, out_dir / PARQUET)
+    source_numbers = stats(source)
+    numbers = _stats(picked, [], source_numbers["run"], _stored_families(source), [PARQUET])
+    numbers["sample_of"] = {"path": str(source), "tasks": len(records)}
+    _fsync_write(out_dir / CARD, render_card(numbers).encode())
+    return numbers
+
+
+def _stored_families(path: Path) -> dict[str, str] | None:
+    """The operator -> family map :meth:`DatasetWriter.finalize` stored next to a dataset, if any."""
+    directory = path if path.is_dir() else path.parent
+    if not (directory / FAMILIES).exists():
+        return None
+    try:
+        families = json.loads((directory / FAMILIES).read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise DatasetError(f"{directory / FAMILIES}: invalid JSON ({exc})") from None
+    if not isinstance(families, dict):
+        raise DatasetError(f"{directory / FAMILIES}: expected a JSON object of operator -> family")
+    return families
 
 
 def _table(header: tuple[str, str], rows: Iterable[tuple[Any, Any]]) -> str:
@@ -495,6 +582,14 @@ def render_card(numbers: Mapping[str, Any]) -> str:
         families = "No operator -> family map was given."
     funnel = [(f"{stage}: {reason}", count) for stage, reasons in numbers["rejected"].items()
               for reason, count in reasons.items()]
+    if "sample_of" in numbers:
+        source = numbers["sample_of"]
+        decisions = (f"A sample of {numbers['tasks']} of the {source['tasks']} tasks of `{source['path']}`: "
+                     "equal shares per number of fused ops, each share the first tasks in `id` order (content-hash "
+                     "order, so deterministic and unrelated to the task). The source's card has its filter funnel.")
+    else:
+        decisions = (f"{numbers['decided']} tasks decided, {numbers['tasks']} accepted.\n\n"
+                     + _table(('stage: reason', 'rejected'), funnel))
     return f"""# Synthesised CUDA kernel tasks
 
 {numbers['tasks']} tasks in KernelBench format (`class Model`, `get_inputs`, `get_init_inputs`),
@@ -522,7 +617,5 @@ de-duplication by `cuda-agent synth`. Files: {', '.join(f'`{name}`' for name in 
 
 ## Filter funnel
 
-{numbers['decided']} tasks decided, {numbers['tasks']} accepted.
-
-{_table(('stage: reason', 'rejected'), funnel)}
+{decisions}
 """

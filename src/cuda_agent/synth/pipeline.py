@@ -27,7 +27,7 @@ from typing import Any
 
 from cuda_agent.synth.compose_workers import compose_parallel
 from cuda_agent.synth.dataset import DatasetInfo, DatasetWriter, Rejection
-from cuda_agent.synth.decontaminate import decontaminate, deduplicate, load_benchmark
+from cuda_agent.synth.decontaminate import Drop, decontaminate, deduplicate, load_benchmark
 from cuda_agent.synth.filter import FilterConfig, FilterOutcome, TaskFilter
 from cuda_agent.synth.lanes import run_in_lanes
 from cuda_agent.synth.records import TaskRecord
@@ -98,8 +98,7 @@ def run(config: RunConfig, out_dir: str | Path, composer: Callable[[int], TaskRe
             if benchmark:
                 kept, contaminated = decontaminate(kept, benchmark, config.similarity)
                 dropped += contaminated
-            writer.append(rejected=[Rejection(d.record.id, "decontaminate", d.reason, f"{d.matched} {d.score:.3f}")
-                                    for d in dropped])
+            writer.append(rejected=[_rejection(drop) for drop in dropped])
             pending = [record for record in kept if record.id not in writer.decided]
             filtered = filter_all(pending, config, writer, progress, deadline)
             pending, filter_seconds = filtered.pending, filtered.seconds
@@ -110,6 +109,30 @@ def run(config: RunConfig, out_dir: str | Path, composer: Callable[[int], TaskRe
     numbers["this_run"] = {"seconds": seconds, "accepted": accepted, "decided": numbers["decided"] - decided_before,
                            "accepted_per_minute": accepted * 60 / seconds, "filter_lane_seconds": filter_seconds}
     return numbers
+
+
+def decontaminate_dataset(out_dir: str | Path, benchmark: str | Path, similarity: float = 0.9) -> dict[str, Any]:
+    """De-contaminate a dataset against a benchmark given after it was made (e.g. a new KernelBench
+    level): its near-copies are withdrawn (journaled as ``decontaminate`` rejections) and the files
+    and card rewritten. It measures nothing, so it runs on any machine and torch.
+
+    Returns:
+        The card's numbers, with ``withdrawn``: how many tasks this call removed.
+
+    Raises:
+        DatasetError: ``out_dir`` is not a dataset directory.
+        ValueError: ``benchmark`` is not a folder of task files.
+    """
+    with DatasetWriter.reopen(out_dir) as writer:
+        _, dropped = decontaminate(writer.accepted, load_benchmark(benchmark), similarity)
+        writer.append(rejected=[_rejection(drop) for drop in dropped])
+        numbers = writer.finalize(writer.families())
+    numbers["withdrawn"] = len(dropped)
+    return numbers
+
+
+def _rejection(drop: Drop) -> Rejection:
+    return Rejection(drop.record.id, "decontaminate", drop.reason, f"{drop.matched} {drop.score:.3f}")
 
 
 @dataclass
