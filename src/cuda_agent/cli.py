@@ -7,19 +7,18 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from cuda_agent.cli_support import console, default_device, err_console, fail_usage
+from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage
 from cuda_agent.environment import (
-    POLICIES, ConfigError, EvalConfig, SolutionError, TaskLoadError, Verdict, evaluate, load_solution,
-    load_task, load_tasks,
+    POLICIES, SolutionError, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
 )
 from cuda_agent.environment.build import build_many
-from cuda_agent.environment.guards import GuardConfigError
+from cuda_agent.evaluate.cli import eval_command, report_command
 from cuda_agent.synth.cli import synth_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -27,35 +26,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 tasks_app = typer.Typer(no_args_is_help=True, help="Inspect task sets (KernelBench folders, datasets).")
 app.add_typer(tasks_app, name="tasks")
 app.add_typer(synth_app, name="synth")
-
-
-def _build_config(device: Optional[str], config_file: Optional[Path], precision: Optional[str],
-                  trials: Optional[int], compile_baseline: Optional[bool]) -> EvalConfig:
-    data: dict[str, Any] = {}
-    if config_file is not None:
-        import yaml
-
-        try:
-            data = yaml.safe_load(config_file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as exc:
-            fail_usage(f"{config_file}: cannot read config ({exc})")
-        if not isinstance(data, dict):
-            fail_usage(f"{config_file}: config must be a mapping of sections (build, verify, timing, limits)")
-    data.setdefault("device", device or default_device())
-    if device:
-        data["device"] = device
-    verify = dict(data.get("verify") or {})
-    if precision is not None:
-        verify["precision"] = precision
-    if trials is not None:
-        verify["trials"] = trials
-    data["verify"] = verify
-    if compile_baseline is not None:
-        data["timing"] = {**(data.get("timing") or {}), "compile_baseline": compile_baseline}
-    try:
-        return EvalConfig.from_dict(data)
-    except (ConfigError, GuardConfigError, TypeError) as exc:
-        fail_usage(f"invalid configuration: {exc}")
+app.command("eval")(eval_command)
+app.command("report")(report_command)
 
 
 def _fmt(value: Optional[float], unit: str = "") -> str:
@@ -104,7 +76,7 @@ def verify(
 
     Exit status 0 whenever a verdict was reached (pass or fail), 2 on bad usage or unreadable input.
     """
-    eval_config = _build_config(device, config, precision, trials, compile_baseline)
+    eval_config = build_eval_config(device, config, precision, trials, compile_baseline)
     try:
         task = load_task(problem)
         load_solution(solution)
@@ -186,7 +158,7 @@ def demo(
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
 ) -> None:
     """Evaluate every bundled sample task with its bundled reference solution, end to end."""
-    eval_config = _build_config(device, config, None, None, compile_baseline)
+    eval_config = build_eval_config(device, config, None, None, compile_baseline)
     root = examples or examples_dir()
     runs = _sample_runs(root, eval_config.device)
     if not runs:

@@ -1,12 +1,16 @@
-"""What every ``cuda-agent`` command group shares: the consoles, the usage-error exit and the
-default device."""
+"""What every ``cuda-agent`` command group shares: the consoles, the usage-error exit, the default
+device and the evaluation config built from a YAML file and options."""
 
 from __future__ import annotations
 
-from typing import NoReturn
+from pathlib import Path
+from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
+
+from cuda_agent.environment import ConfigError, EvalConfig
+from cuda_agent.environment.guards import GuardConfigError
 
 EXIT_BAD_USAGE = 2
 
@@ -25,3 +29,34 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_eval_config(device: Optional[str], config_file: Optional[Path], precision: Optional[str],
+                      trials: Optional[int], compile_baseline: Optional[bool]) -> EvalConfig:
+    """The ``EvalConfig`` of a command: the YAML file's sections, then the command-line options on
+    top; exits 2 (naming the field) on an invalid value."""
+    data: dict[str, Any] = {}
+    if config_file is not None:
+        import yaml
+
+        try:
+            data = yaml.safe_load(config_file.read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            fail_usage(f"{config_file}: cannot read config ({exc})")
+        if not isinstance(data, dict):
+            fail_usage(f"{config_file}: config must be a mapping of sections (build, verify, timing, limits)")
+    data.setdefault("device", device or default_device())
+    if device:
+        data["device"] = device
+    verify = dict(data.get("verify") or {})
+    if precision is not None:
+        verify["precision"] = precision
+    if trials is not None:
+        verify["trials"] = trials
+    data["verify"] = verify
+    if compile_baseline is not None:
+        data["timing"] = {**(data.get("timing") or {}), "compile_baseline": compile_baseline}
+    try:
+        return EvalConfig.from_dict(data)
+    except (ConfigError, GuardConfigError, TypeError) as exc:
+        fail_usage(f"invalid configuration: {exc}")
