@@ -19,6 +19,7 @@ from cuda_agent.environment import (
 )
 from cuda_agent.environment.build import build_many
 from cuda_agent.evaluate.cli import eval_command, report_command
+from cuda_agent.serve.cli import serve_command
 from cuda_agent.synth.cli import synth_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -28,6 +29,7 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(synth_app, name="synth")
 app.command("eval")(eval_command)
 app.command("report")(report_command)
+app.command("serve")(serve_command)
 
 
 def _fmt(value: Optional[float], unit: str = "") -> str:

@@ -5,12 +5,10 @@ written, and bad usage exits 2 naming the problem."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +31,13 @@ def descendants(pid: int) -> list[int]:
         found += (kids := [k for p in frontier for k in children.get(p, [])])
         frontier = kids
     return found
+
+
+def is_live(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def stored_rows(store: Path) -> dict[str, tuple[str, float]]:
@@ -77,8 +82,9 @@ def test_killed_run_continues_without_reevaluating_finished_tasks_then_reports(
     first.wait()
     before = stored_rows(store)
     assert len(before) < 4, "the run finished before it could be killed"
-    assert wait_until(lambda: not set(workers) & set(descendants(1) + [p for p in workers if os.path.exists(f"/proc/{p}")]),
-                      timeout_s=30), "the killed run left processes behind"
+    assert workers, "the run had started no worker process"
+    assert wait_until(lambda: not [pid for pid in workers if is_live(pid)], timeout_s=30), \
+        "the killed run left processes behind"
 
     second = subprocess.run([*command, "--json"], env=cli_env, capture_output=True, text=True, timeout=900)
     assert second.returncode == 0, second.stderr

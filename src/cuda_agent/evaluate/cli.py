@@ -15,8 +15,8 @@ from rich.table import Table
 from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage
 from cuda_agent.environment import POLICIES, EvalConfig
 from cuda_agent.evaluate.metrics import GroupMetrics, benchmark_metrics
-from cuda_agent.evaluate.store import STORE_FILE, ResultRecord, ResultsStore, StoreError
-from cuda_agent.evaluate.tasks import EvalTask, TaskSetError, load_task_set, match_solutions
+from cuda_agent.evaluate.store import HARNESS_ERROR, STORE_FILE, ResultRecord, ResultsStore, StoreError
+from cuda_agent.evaluate.tasks import EvalTask, SolutionMatch, TaskSetError, load_task_set, match_solutions
 from cuda_agent.pool import BACKENDS, PoolConfig, PoolConfigError, open_pool
 
 EXIT_INCOMPLETE = 1
@@ -80,6 +80,7 @@ def eval_command(
     them), 2 on bad usage.
     """
     eval_config = build_eval_config(device, config, precision, None, compile_baseline)
+    pool_config = _pool_config(backend, address, token, workers, gpus, compile_workers)
     levels = tuple(sorted(set(level or ())))
     try:
         task_set = load_task_set(tasks, levels)
@@ -91,31 +92,8 @@ def eval_command(
         match = match_solutions(task_set, solutions_dir)
     except TaskSetError as exc:
         fail_usage(str(exc))
-    from cuda_agent.evaluate.runner import evaluate_run, run_settings
-
-    store = ResultsStore(run_dir / STORE_FILE)
-    info = {"tasks": str(tasks), "solutions": str(solutions_dir), "policy": policy, "device": eval_config.device,
-            "precision": eval_config.verify.precision, "backend": backend,
-            "unmatched_solutions": [str(p) for p in match.unmatched]}
-    try:
-        resumed = store.start_run(run_dir.name, run_settings(tasks, levels, solutions_dir, task_set, eval_config), info)
-    except StoreError as exc:
-        fail_usage(str(exc))
-    _announce(task_set, match, store, run_dir, resumed)
-    progress = _progress(json_out)
-    with progress:
-        bar = progress.add_task("evaluating", total=len(task_set), completed=len(store.finished_keys(run_dir.name)))
-        correct = [0]
-
-        def advance(record: ResultRecord) -> None:
-            correct[0] += record.correct
-            progress.update(bar, advance=1, description=f"evaluating ({correct[0]} correct this session)")
-
-        try:
-            with open_pool(eval_config, _pool_config(backend, address, token, workers, gpus, compile_workers)) as pool:
-                result = evaluate_run(store, run_dir.name, task_set, match.by_task, pool, advance)
-        except PoolConfigError as exc:
-            fail_usage(str(exc))
+    store = _open_run(run_dir, task_set, match, tasks, levels, solutions_dir, policy, eval_config, pool_config)
+    _evaluate_with_progress(store, run_dir.name, task_set, match, eval_config, pool_config, json_out)
     records = store.records(run_dir.name)
     metrics = benchmark_metrics([r.outcome() for r in records])
     if json_out:
@@ -123,12 +101,53 @@ def eval_command(
     else:
         console.print(metrics_table(metrics, f"{run_dir}: {eval_config.device}, precision {eval_config.verify.precision}"))
         console.print(f"results: {store.path} (report: cuda-agent report {run_dir})")
-    if result.harness_errors or any(r.status == "harness_error" for r in records):
-        err_console.print("[yellow]some tasks have no verdict (their worker failed); rerun the same command to retry them[/yellow]")
+    if any(r.status == HARNESS_ERROR for r in records):
+        err_console.print("[yellow]some tasks have no verdict (their worker failed); rerun the same command to "
+                          "retry them[/yellow]")
         raise typer.Exit(EXIT_INCOMPLETE)
 
 
-def _announce(task_set: list[EvalTask], match, store: ResultsStore, run_dir: Path, resumed: bool) -> None:
+def _open_run(run_dir: Path, task_set: list[EvalTask], match: SolutionMatch, tasks: Path, levels: tuple[int, ...],
+              solutions_dir: Path, policy: Optional[str], eval_config: EvalConfig,
+              pool_config: PoolConfig) -> ResultsStore:
+    """The run's store, with the run started (or checked to continue under the same settings)."""
+    from cuda_agent.evaluate.runner import run_settings
+
+    store = ResultsStore(run_dir / STORE_FILE)
+    info = {"tasks": str(tasks), "solutions": str(solutions_dir), "policy": policy, "device": eval_config.device,
+            "precision": eval_config.verify.precision, "backend": pool_config.backend,
+            "unmatched_solutions": [str(p) for p in match.unmatched]}
+    try:
+        resumed = store.start_run(run_dir.name, run_settings(tasks, levels, solutions_dir, task_set, eval_config), info)
+    except StoreError as exc:
+        fail_usage(str(exc))
+    _announce(task_set, match, store, run_dir, resumed)
+    return store
+
+
+def _evaluate_with_progress(store: ResultsStore, run_id: str, task_set: list[EvalTask], match: SolutionMatch,
+                            eval_config: EvalConfig, pool_config: PoolConfig, quiet: bool) -> None:
+    from cuda_agent.evaluate.runner import evaluate_run
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                        TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=quiet)
+    with progress:
+        bar = progress.add_task("evaluating", total=len(task_set), completed=len(store.finished_keys(run_id)))
+        correct = 0
+
+        def advance(record: ResultRecord) -> None:
+            nonlocal correct
+            correct += record.correct
+            progress.update(bar, advance=1, description=f"evaluating ({correct} correct this session)")
+
+        try:
+            with open_pool(eval_config, pool_config) as pool:
+                evaluate_run(store, run_id, task_set, match.by_task, pool, advance)
+        except PoolConfigError as exc:
+            fail_usage(str(exc))
+
+
+def _announce(task_set: list[EvalTask], match: SolutionMatch, store: ResultsStore, run_dir: Path, resumed: bool) -> None:
     missing = sum(path is None for path in match.by_task.values())
     unloaded = sum(t.task is None for t in task_set)
     done = len(store.finished_keys(run_dir.name))
@@ -138,11 +157,6 @@ def _announce(task_set: list[EvalTask], match, store: ResultsStore, run_dir: Pat
     if match.unmatched:
         names = ", ".join(p.name for p in match.unmatched[:5]) + (" ..." if len(match.unmatched) > 5 else "")
         err_console.print(f"[yellow]{len(match.unmatched)} entries of the solutions folder match no task:[/yellow] {names}")
-
-
-def _progress(disable: bool) -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                    TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=disable)
 
 
 def metrics_json(metrics: dict[str, GroupMetrics], info: dict[str, Any], run_dir: Path) -> dict[str, Any]:

@@ -168,3 +168,11 @@ class JobResult:
         return {"job_id": self.job_id, "status": self.status.value, "error": self.error, "worker": self.worker,
                 "attempts": self.attempts, "queued_s": self.queued_s, "eval_s": self.eval_s,
                 "verdict": None if self.verdict is None else self.verdict.to_json_dict()}
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any], job_id: str | None = None) -> "JobResult":
+        """The inverse of :meth:`to_json_dict`; ``job_id`` replaces the stored one (a remote id)."""
+        verdict = None if data.get("verdict") is None else Verdict.from_json_dict(data["verdict"])
+        return cls(job_id or data["job_id"], JobStatus(data["status"]), verdict, data.get("error"),
+                   data.get("worker") or "", int(data.get("attempts") or 0), float(data.get("queued_s") or 0.0),
+                   float(data.get("eval_s") or 0.0))

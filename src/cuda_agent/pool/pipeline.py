@@ -149,6 +149,7 @@ class LanePipeline(EvalPool):
     # -- interface -----------------------------------------------------------------------------
     def submit(self, job: EvalJob) -> Future[JobResult]:
         future: Future[JobResult] = Future()
+        future.set_running_or_notify_cancel()  # not cancellable: every job is answered, exactly once
         with self._lock:
             if not self._accepting:
                 raise PoolClosed(f"the {self.backend} pool is closed; job {job.job_id!r} was not accepted")
@@ -187,8 +188,6 @@ class LanePipeline(EvalPool):
         """Build each job, except that a job whose sources are being built by another compile thread
         waits for that build without holding a thread (samples of one policy repeat often)."""
         while (entry := self._inbox.get()) is not None:
-            if entry.future.cancelled():
-                continue
             sources = entry.job.solution.content_hash()
             with self._lock:
                 self._counts["building"] += 1
@@ -219,8 +218,7 @@ class LanePipeline(EvalPool):
             return
         while (entry := self._ready.get()) is not None:
             try:
-                if not entry.future.cancelled():
-                    self._run_on_lane(state, entry)
+                self._run_on_lane(state, entry)
             finally:
                 self._ready.job_finished()
             if not state.alive and not self._start_lane(state):
@@ -294,8 +292,7 @@ class LanePipeline(EvalPool):
         with self._lock:
             self._counts["answered"] += 1
             self._counts["failed"] += verdict is None
-        if not entry.future.cancelled():
-            entry.future.set_result(result)  # raises if this job were ever answered twice
+        entry.future.set_result(result)  # raises if this job were ever answered twice
 
     def _answer_failed(self, entry: _Entry, error: str, worker: str, started: float | None = None) -> None:
         self._answer(entry, None, error, worker, started)
