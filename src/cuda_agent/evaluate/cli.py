@@ -93,7 +93,7 @@ def eval_command(
     except TaskSetError as exc:
         fail_usage(str(exc))
     store = _open_run(run_dir, task_set, match, tasks, levels, solutions_dir, policy, eval_config, pool_config)
-    _evaluate_with_progress(store, run_dir.name, task_set, match, eval_config, pool_config, json_out)
+    _evaluate_with_progress(store, run_dir, task_set, match, eval_config, pool_config, json_out)
     records = store.records(run_dir.name)
     metrics = benchmark_metrics([r.outcome() for r in records])
     if json_out:
@@ -118,21 +118,23 @@ def _open_run(run_dir: Path, task_set: list[EvalTask], match: SolutionMatch, tas
             "precision": eval_config.verify.precision, "backend": pool_config.backend,
             "unmatched_solutions": [str(p) for p in match.unmatched]}
     try:
-        resumed = store.start_run(run_dir.name, run_settings(tasks, levels, solutions_dir, task_set, eval_config), info)
+        store.start_run(run_dir.name, run_settings(tasks, levels, solutions_dir, task_set, eval_config), info)
     except StoreError as exc:
         fail_usage(str(exc))
-    _announce(task_set, match, store, run_dir, resumed)
     return store
 
 
-def _evaluate_with_progress(store: ResultsStore, run_id: str, task_set: list[EvalTask], match: SolutionMatch,
+def _evaluate_with_progress(store: ResultsStore, run_dir: Path, task_set: list[EvalTask], match: SolutionMatch,
                             eval_config: EvalConfig, pool_config: PoolConfig, quiet: bool) -> None:
-    from cuda_agent.evaluate.runner import evaluate_run
+    from cuda_agent.evaluate.runner import evaluate_plans, plan_run, still_to_do
 
+    plans = plan_run(task_set, match.by_task)
+    todo = still_to_do(store, run_dir.name, plans)
+    _announce(task_set, match, run_dir, len(plans) - len(todo))
     progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                         TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=quiet)
     with progress:
-        bar = progress.add_task("evaluating", total=len(task_set), completed=len(store.finished_keys(run_id)))
+        bar = progress.add_task("evaluating", total=len(plans), completed=len(plans) - len(todo))
         correct = 0
 
         def advance(record: ResultRecord) -> None:
@@ -142,18 +144,17 @@ def _evaluate_with_progress(store: ResultsStore, run_id: str, task_set: list[Eva
 
         try:
             with open_pool(eval_config, pool_config) as pool:
-                evaluate_run(store, run_id, task_set, match.by_task, pool, advance)
+                evaluate_plans(store, run_dir.name, todo, pool, advance)
         except PoolConfigError as exc:
             fail_usage(str(exc))
 
 
-def _announce(task_set: list[EvalTask], match: SolutionMatch, store: ResultsStore, run_dir: Path, resumed: bool) -> None:
+def _announce(task_set: list[EvalTask], match: SolutionMatch, run_dir: Path, done: int) -> None:
     missing = sum(path is None for path in match.by_task.values())
     unloaded = sum(t.task is None for t in task_set)
-    done = len(store.finished_keys(run_dir.name))
     err_console.print(f"{len(task_set)} tasks, {match.n_found} solutions ({missing} missing, counted as failed)"
                       + (f", {unloaded} tasks do not load" if unloaded else "")
-                      + (f"; continuing {run_dir}: {done} already done" if resumed else f"; results in {run_dir}"))
+                      + (f"; continuing {run_dir}: {done} already done" if done else f"; results in {run_dir}"))
     if match.unmatched:
         names = ", ".join(p.name for p in match.unmatched[:5]) + (" ..." if len(match.unmatched) > 5 else "")
         err_console.print(f"[yellow]{len(match.unmatched)} entries of the solutions folder match no task:[/yellow] {names}")

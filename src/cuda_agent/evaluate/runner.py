@@ -1,9 +1,9 @@
 """One benchmark run: every task's solution through a pool, every result into the store.
 
-Tasks that already have a result in the store are skipped, so a killed run continues where it
-stopped. Tasks that need no evaluation (a task that does not load, a missing or unreadable
-solution) get their result at once; the others go to the pool, and each result is stored the
-moment it arrives.
+Tasks that already have a result in the store for the same solution are skipped, so a killed run
+continues where it stopped. Tasks that need no evaluation (a task that does not load, a missing or
+unreadable solution) get their result at once; the others go to the pool, and each result is
+stored the moment it arrives.
 """
 
 from __future__ import annotations
@@ -26,12 +26,22 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class RunProgress:
-    """How a call to :func:`evaluate_run` went."""
+class TaskPlan:
+    """How one task gets its result: a job for the pool, or a result known without evaluating
+    (the task does not load, the solution is missing or unreadable)."""
 
-    total: int  # tasks in the run
-    already_done: int  # had a result before this call (resumed)
-    evaluated: int  # results reached by the pool in this call
+    task: EvalTask
+    solution: Path | None
+    solution_hash: str | None  # content hash of the solution's files (None: no readable solution)
+    job: EvalJob | None
+    settled: ResultRecord | None
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    """How a call to :func:`evaluate_plans` went."""
+
+    evaluated: int  # results reached by the pool
     settled_without_pool: int  # missing solutions, unloadable tasks or solutions
     harness_errors: int  # tasks left without a verdict (a resumed run retries them)
 
@@ -45,16 +55,25 @@ def run_settings(tasks_path: Path, levels: tuple[int, ...], solutions_dir: Path,
             "task_hashes": {t.key: t.task.code_hash if t.task else None for t in tasks}, "evaluation": evaluation}
 
 
-def evaluate_run(store: ResultsStore, run_id: str, tasks: list[EvalTask], solutions: dict[str, Path | None],
-                 pool: EvalPool, on_result: Callable[[ResultRecord], None] | None = None) -> RunProgress:
-    """Evaluate every task of ``run_id`` that has no result yet; store each result as it arrives.
+def plan_run(tasks: list[EvalTask], solutions: dict[str, Path | None]) -> list[TaskPlan]:
+    """One plan per task; ``solutions`` maps a task key to its solution path (None: missing)."""
+    return [_plan(task, solutions.get(task.key)) for task in tasks]
+
+
+def still_to_do(store: ResultsStore, run_id: str, plans: list[TaskPlan]) -> list[TaskPlan]:
+    """Plans whose task has no final result in the store for this very solution (resuming skips the
+    rest; a solution changed since its result was stored is evaluated again)."""
+    finished = store.finished(run_id)
+    return [p for p in plans if p.task.key not in finished or finished[p.task.key] != p.solution_hash]
+
+
+def evaluate_plans(store: ResultsStore, run_id: str, plans: list[TaskPlan], pool: EvalPool,
+                   on_result: Callable[[ResultRecord], None] | None = None) -> RunProgress:
+    """Give every plan its result, storing each one the moment it is known.
 
     Args:
-        solutions: task key -> its solution path (None: missing).
         on_result: called with each new result (progress bars).
     """
-    done = store.finished_keys(run_id)
-    pending = [task for task in tasks if task.key not in done]
     counts = {"evaluated": 0, "settled": 0, "harness_errors": 0}
 
     def keep(record: ResultRecord) -> None:
@@ -62,49 +81,46 @@ def evaluate_run(store: ResultsStore, run_id: str, tasks: list[EvalTask], soluti
         if on_result is not None:
             on_result(record)
 
-    futures: dict[Future[JobResult], EvalTask] = {}
-    for task in pending:
-        path = solutions.get(task.key)
-        job_or_record = _job_for(task, path)
-        if isinstance(job_or_record, ResultRecord):
-            keep(job_or_record)
+    futures: dict[Future[JobResult], TaskPlan] = {}
+    for plan in plans:
+        if plan.settled is not None:
+            keep(plan.settled)
             counts["settled"] += 1
         else:
-            futures[pool.submit(job_or_record)] = task
+            futures[pool.submit(plan.job)] = plan
     for future in as_completed(futures):
-        task = futures[future]
-        record = _record_of(task, solutions[task.key], future.result())
+        record = _record_of(futures[future], future.result())
         keep(record)
         counts["evaluated"] += 1
         counts["harness_errors"] += record.status == HARNESS_ERROR
-    return RunProgress(len(tasks), len(tasks) - len(pending), counts["evaluated"], counts["settled"],
-                       counts["harness_errors"])
+    return RunProgress(counts["evaluated"], counts["settled"], counts["harness_errors"])
 
 
-def _job_for(task: EvalTask, solution: Path | None) -> EvalJob | ResultRecord:
-    """The job that evaluates ``task``, or its final result when there is nothing to evaluate."""
+def _plan(task: EvalTask, solution: Path | None) -> TaskPlan:
     if task.task is None:
-        return _settled(task, solution, Status.TASK_ERROR.value, f"the task does not load: {task.error}")
+        return TaskPlan(task, solution, None, None,
+                        _settled(task, solution, Status.TASK_ERROR.value, f"the task does not load: {task.error}"))
     if solution is None:
-        return _settled(task, None, MISSING, "no solution for this task")
+        return TaskPlan(task, None, None, None, _settled(task, None, MISSING, "no solution for this task"))
     try:
         files = SolutionFiles.from_path(solution)
     except (SolutionError, JobInputError) as exc:
-        return _settled(task, solution, Status.SOLUTION_ERROR.value, str(exc))
-    return EvalJob(task.key, task.task, files)
+        return TaskPlan(task, solution, None, None, _settled(task, solution, Status.SOLUTION_ERROR.value, str(exc)))
+    return TaskPlan(task, solution, files.content_hash(), EvalJob(task.key, task.task, files), None)
 
 
 def _settled(task: EvalTask, solution: Path | None, status: str, error: str) -> ResultRecord:
-    return ResultRecord(task.key, task.level, task.origin, None if solution is None else str(solution), status,
+    return ResultRecord(task.key, task.level, task.origin, None if solution is None else str(solution), None, status,
                         False, None, error, None, 0, 0.0, time.time())
 
 
-def _record_of(task: EvalTask, solution: Path | None, result: JobResult) -> ResultRecord:
+def _record_of(plan: TaskPlan, result: JobResult) -> ResultRecord:
+    task, solution = plan.task, str(plan.solution)
     if result.verdict is None:
         logger.warning("task %s has no verdict: %s", task.key, result.error)
-        return ResultRecord(task.key, task.level, task.origin, str(solution), HARNESS_ERROR, False, None, result.error,
-                            result.worker or None, result.attempts, result.eval_s, time.time())
+        return ResultRecord(task.key, task.level, task.origin, solution, plan.solution_hash, HARNESS_ERROR, False,
+                            None, result.error, result.worker or None, result.attempts, result.eval_s, time.time())
     verdict = result.verdict
-    return ResultRecord(task.key, task.level, task.origin, str(solution), verdict.status.value, verdict.correct,
-                        verdict.to_json_dict(), verdict.error, result.worker, result.attempts, result.eval_s,
-                        time.time())
+    return ResultRecord(task.key, task.level, task.origin, solution, plan.solution_hash, verdict.status.value,
+                        verdict.correct, verdict.to_json_dict(), verdict.error, result.worker, result.attempts,
+                        result.eval_s, time.time())

@@ -1,9 +1,10 @@
 """The results store of ``cuda-agent eval``: one SQLite file, rows keyed by (run, task).
 
 A result is written the moment its verdict arrives, in its own transaction, so a killed run loses
-at most the evaluations in flight. Rerunning continues the run: tasks with a result are never
-evaluated again (except ``harness_error`` rows, where no verdict was reached). A run remembers the
-settings it was started with and refuses to continue under different ones.
+at most the evaluations in flight. Rerunning continues the run: a task with a result is never
+evaluated again unless its solution changed since (each result records its solution's content hash)
+or no verdict was reached (``harness_error``). A run remembers the settings it was started with and
+refuses to continue under different ones.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ CREATE TABLE IF NOT EXISTS results (
     level INTEGER,
     origin TEXT NOT NULL,
     solution TEXT,
+    solution_hash TEXT,
     status TEXT NOT NULL,
     correct INTEGER NOT NULL,
     verdict TEXT,
@@ -62,6 +64,7 @@ class ResultRecord:
     level: int | None
     origin: str
     solution: str | None
+    solution_hash: str | None  # content hash of the solution evaluated (None: no readable solution)
     status: str
     correct: bool
     verdict: dict[str, Any] | None
@@ -157,28 +160,31 @@ class ResultsStore:
     # -- results -------------------------------------------------------------------------------
     def record(self, run_id: str, record: ResultRecord) -> None:
         """Store (or replace) one task's result, durably, in its own transaction."""
-        row = (run_id, record.task_key, record.level, record.origin, record.solution, record.status,
-               int(record.correct), None if record.verdict is None else json.dumps(record.verdict, allow_nan=False),
+        row = (run_id, record.task_key, record.level, record.origin, record.solution, record.solution_hash,
+               record.status, int(record.correct),
+               None if record.verdict is None else json.dumps(record.verdict, allow_nan=False),
                record.error, record.worker, record.attempts, record.eval_s, record.finished_at)
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+            self._db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
-    def finished_keys(self, run_id: str) -> set[str]:
-        """Tasks of ``run_id`` that have a final result (a verdict, or a missing solution)."""
+    def finished(self, run_id: str) -> dict[str, str | None]:
+        """Tasks of ``run_id`` with a final result (a verdict, or a missing or unreadable solution):
+        task key -> content hash of the solution that result is for."""
         with self._lock:
-            rows = self._db.execute("SELECT task_key FROM results WHERE run_id=? AND status != ?",
+            rows = self._db.execute("SELECT task_key, solution_hash FROM results WHERE run_id=? AND status != ?",
                                     (run_id, HARNESS_ERROR)).fetchall()
-        return {row[0] for row in rows}
+        return dict(rows)
 
     def records(self, run_id: str) -> list[ResultRecord]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT task_key, level, origin, solution, status, correct, verdict, error, worker, attempts, eval_s, "
-                "finished_at FROM results WHERE run_id=? ORDER BY level, finished_at", (run_id,)).fetchall()
+                "SELECT task_key, level, origin, solution, solution_hash, status, correct, verdict, error, worker, "
+                "attempts, eval_s, finished_at FROM results WHERE run_id=? ORDER BY level, finished_at",
+                (run_id,)).fetchall()
         return [_record(row) for row in rows]
 
 
 def _record(row: sqlite3.Row | tuple) -> ResultRecord:
-    key, level, origin, solution, status, correct, verdict, error, worker, attempts, eval_s, finished_at = row
-    return ResultRecord(key, level, origin, solution, status, bool(correct), None if verdict is None else json.loads(verdict),
-                        error, worker, attempts, eval_s, finished_at)
+    key, level, origin, solution, solution_hash, status, correct, verdict, error, worker, attempts, eval_s, at = row
+    return ResultRecord(key, level, origin, solution, solution_hash, status, bool(correct),
+                        None if verdict is None else json.loads(verdict), error, worker, attempts, eval_s, at)
