@@ -65,14 +65,18 @@ def test_unloadable_task_stays_in_the_set_with_its_error(tmp_path: Path) -> None
     assert tasks["good"].task is not None
 
 
+def solutions_folder(root: Path, names: list[str]) -> Path:
+    """A solutions folder with an empty file for each ``*.py`` name and a folder for the others."""
+    folder = root / "solutions"
+    folder.mkdir()
+    for name in names:
+        (folder / name).write_text("") if name.endswith(".py") else (folder / name).mkdir()
+    return folder
+
+
 def test_solutions_match_by_problem_number_or_task_id_file_or_folder(kernelbench: Path, tmp_path: Path) -> None:
     tasks = load_task_set(kernelbench)
-    solutions = tmp_path / "solutions"
-    solutions.mkdir()
-    (solutions / "level1_problem1.py").write_text("class ModelNew: pass\n")
-    (solutions / "19_ReLU.py").write_text("class ModelNew: pass\n")
-    (solutions / "level2_problem1").mkdir()
-    (solutions / "notes.py").write_text("")
+    solutions = solutions_folder(tmp_path, ["level1_problem1.py", "19_ReLU.py", "level2_problem1", "notes.py"])
     match = match_solutions(tasks, solutions)
     assert match.by_task == {"level1_problem1": solutions / "level1_problem1.py", "level1_problem2": None,
                              "level1_problem19": solutions / "19_ReLU.py",
@@ -82,10 +86,7 @@ def test_solutions_match_by_problem_number_or_task_id_file_or_folder(kernelbench
 
 def test_solution_matching_rejects_ambiguity_and_folders_that_match_nothing(kernelbench: Path, tmp_path: Path) -> None:
     tasks = load_task_set(kernelbench)
-    solutions = tmp_path / "solutions"
-    solutions.mkdir()
-    (solutions / "level1_problem1.py").write_text("")
-    (solutions / "1_Square_matmul.py").write_text("")
+    solutions = solutions_folder(tmp_path, ["level1_problem1.py", "1_Square_matmul.py"])
     with pytest.raises(TaskSetError, match="both answer task level1_problem1"):
         match_solutions(tasks, solutions)
     for path in solutions.iterdir():

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cuda_agent import sqlite_wal
+from cuda_agent.sqlite_wal import Database
 from cuda_agent.evaluate.metrics import TaskOutcome
 
 STORE_FILE = "results.sqlite"
@@ -93,10 +92,7 @@ class ResultsStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock = threading.Lock()
-        self._db = sqlite_wal.connect(path)
-        with self._lock:
-            self._db.executescript(_SCHEMA)
+        self._db = Database(path, _SCHEMA)
 
     @classmethod
     def open_existing(cls, path: Path) -> "ResultsStore":
@@ -111,8 +107,7 @@ class ResultsStore:
         return cls(file)
 
     def close(self) -> None:
-        with self._lock:
-            self._db.close()
+        self._db.close()
 
     # -- runs ----------------------------------------------------------------------------------
     def start_run(self, run_id: str, settings: dict[str, Any], info: dict[str, Any]) -> bool:
@@ -124,9 +119,8 @@ class ResultsStore:
         """
         existing = self._run_row(run_id)
         if existing is None:
-            with self._lock:
-                self._db.execute("INSERT INTO runs VALUES (?, ?, ?, ?)",
-                                 (run_id, time.time(), json.dumps(settings, sort_keys=True), json.dumps(info)))
+            self._db.execute("INSERT INTO runs VALUES (?, ?, ?, ?)",
+                             (run_id, time.time(), json.dumps(settings, sort_keys=True), json.dumps(info)))
             return False
         before = json.loads(existing[2])
         now = json.loads(json.dumps(settings, sort_keys=True))
@@ -143,8 +137,7 @@ class ResultsStore:
             StoreError: no such run, or several runs and no ``run_id``.
         """
         if run_id is None:
-            with self._lock:
-                ids = [row[0] for row in self._db.execute("SELECT run_id FROM runs ORDER BY created_at")]
+            ids = [row[0] for row in self._db.query("SELECT run_id FROM runs ORDER BY created_at")]
             if len(ids) != 1:
                 raise StoreError(f"{self.path}: holds {len(ids)} runs ({', '.join(ids) or 'none'}); name one with --run")
             run_id = ids[0]
@@ -154,8 +147,8 @@ class ResultsStore:
         return RunInfo(row[0], row[1], json.loads(row[2]), json.loads(row[3]))
 
     def _run_row(self, run_id: str) -> tuple | None:
-        with self._lock:
-            return self._db.execute("SELECT * FROM runs WHERE run_id=?", (run_id,)).fetchone()
+        rows = self._db.query("SELECT * FROM runs WHERE run_id=?", (run_id,))
+        return rows[0] if rows else None
 
     # -- results -------------------------------------------------------------------------------
     def record(self, run_id: str, record: ResultRecord) -> None:
@@ -164,23 +157,18 @@ class ResultsStore:
                record.status, int(record.correct),
                None if record.verdict is None else json.dumps(record.verdict, allow_nan=False),
                record.error, record.worker, record.attempts, record.eval_s, record.finished_at)
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+        self._db.execute("INSERT OR REPLACE INTO results VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
 
     def finished(self, run_id: str) -> dict[str, str | None]:
         """Tasks of ``run_id`` with a final result (a verdict, or a missing or unreadable solution):
         task key -> content hash of the solution that result is for."""
-        with self._lock:
-            rows = self._db.execute("SELECT task_key, solution_hash FROM results WHERE run_id=? AND status != ?",
-                                    (run_id, HARNESS_ERROR)).fetchall()
-        return dict(rows)
+        return dict(self._db.query("SELECT task_key, solution_hash FROM results WHERE run_id=? AND status != ?",
+                                   (run_id, HARNESS_ERROR)))
 
     def records(self, run_id: str) -> list[ResultRecord]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT task_key, level, origin, solution, solution_hash, status, correct, verdict, error, worker, "
-                "attempts, eval_s, finished_at FROM results WHERE run_id=? ORDER BY level, finished_at",
-                (run_id,)).fetchall()
+        rows = self._db.query(
+            "SELECT task_key, level, origin, solution, solution_hash, status, correct, verdict, error, worker, "
+            "attempts, eval_s, finished_at FROM results WHERE run_id=? ORDER BY level, finished_at", (run_id,))
         return [_record(row) for row in rows]
 
 

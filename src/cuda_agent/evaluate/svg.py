@@ -54,7 +54,7 @@ def histogram_svg(series: dict[str, list[float]], title: str) -> str:
                 height = plot_h * count / peak
                 x = _LEFT + i * bin_w + bin_w * 0.1 + s * bar_w
                 parts.append(f'<rect x="{x:.1f}" y="{base_y - height:.1f}" width="{bar_w:.1f}" height="{height:.1f}" '
-                             f'fill="{colour}"><title>{escape(name)}: {count} in {_bin_label(i)}</title></rect>')
+                             f'fill="{colour}"><title>{escape(name)}: {count} in {escape(_bin_label(i))}</title></rect>')
         parts.append(f'<rect x="{_WIDTH - 150}" y="{4 + 12 * s}" width="9" height="9" fill="{colour}"/>'
                      f'<text x="{_WIDTH - 137}" y="{12 + 12 * s}">{escape(name)} (n={len(series[name])})</text>')
     one_x = _LEFT + (sum(edge < 0 for edge in BIN_EDGES_LOG2) + 1) * bin_w

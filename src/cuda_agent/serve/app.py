@@ -87,6 +87,25 @@ class _BodySizeLimit:
         await response(scope, receive, send)
 
 
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every client error names its field: 400 bad job, 422 malformed request, 503 shutting down."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [f"body: invalid JSON ({error['ctx'].get('error', 'decode error')} at character {error['loc'][-1]})"
+                    if error["type"] == "json_invalid" else
+                    f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()]
+        return JSONResponse({"detail": problems}, status_code=422)
+
+    @app.exception_handler(BadJobRequest)
+    async def bad_job(_: Request, exc: BadJobRequest) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=400)
+
+    @app.exception_handler(PoolClosed)
+    async def closing(_: Request, exc: PoolClosed) -> JSONResponse:
+        return JSONResponse({"detail": str(exc)}, status_code=503)
+
+
 def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
     """The ASGI app over ``service``; the service's pool is closed when the app shuts down."""
 
@@ -107,20 +126,7 @@ def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
             raise HTTPException(401, "Authorization: a valid 'Bearer <token>' header is required",
                                 headers={"WWW-Authenticate": "Bearer"})
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = [f"body: invalid JSON ({error['ctx'].get('error', 'decode error')} at character {error['loc'][-1]})"
-                    if error["type"] == "json_invalid" else
-                    f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}" for error in exc.errors()]
-        return JSONResponse({"detail": problems}, status_code=422)
-
-    @app.exception_handler(BadJobRequest)
-    async def bad_job(_: Request, exc: BadJobRequest) -> JSONResponse:
-        return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=400)
-
-    @app.exception_handler(PoolClosed)
-    async def closing(_: Request, exc: PoolClosed) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=503)
+    _add_error_handlers(app)
 
     async def view_after(job_id: str, wait_s: float) -> JobView:
         future = service.pending_future(job_id)

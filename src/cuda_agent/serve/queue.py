@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import enum
 import json
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cuda_agent import sqlite_wal
+from cuda_agent.sqlite_wal import Database
 from cuda_agent.pool.jobs import EvalJob, JobResult
 
 _SCHEMA = """
@@ -49,56 +48,40 @@ class JobQueue:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._lock = threading.Lock()
-        self._db = sqlite_wal.connect(path)
-        with self._lock:
-            self._db.executescript(_SCHEMA)
+        self._db = Database(path, _SCHEMA)
 
     def add(self, jobs: list[EvalJob]) -> None:
         """Persist ``jobs`` as queued, all or none (one transaction)."""
         now = time.time()
         rows = [(job.job_id, JobState.QUEUED.value, json.dumps(job.to_json_dict()), now) for job in jobs]
-        with self._lock:
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany("INSERT INTO jobs (job_id, state, request, accepted_at) VALUES (?, ?, ?, ?)", rows)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._db.transaction() as conn:
+            conn.executemany("INSERT INTO jobs (job_id, state, request, accepted_at) VALUES (?, ?, ?, ?)", rows)
 
     def finish(self, result: JobResult) -> None:
         state = JobState.DONE if result.ok else JobState.FAILED
-        with self._lock:
-            self._db.execute("UPDATE jobs SET state=?, result=?, finished_at=? WHERE job_id=?",
-                             (state.value, json.dumps(result.to_json_dict(), allow_nan=False), time.time(),
-                              result.job_id))
+        self._db.execute("UPDATE jobs SET state=?, result=?, finished_at=? WHERE job_id=?",
+                         (state.value, json.dumps(result.to_json_dict(), allow_nan=False), time.time(), result.job_id))
 
     def get(self, job_id: str) -> StoredJob | None:
-        with self._lock:
-            row = self._db.execute("SELECT job_id, state, result, accepted_at, finished_at FROM jobs WHERE job_id=?",
-                                   (job_id,)).fetchone()
-        if row is None:
+        rows = self._db.query("SELECT job_id, state, result, accepted_at, finished_at FROM jobs WHERE job_id=?",
+                              (job_id,))
+        if not rows:
             return None
+        row = rows[0]
         return StoredJob(row[0], JobState(row[1]), None if row[2] is None else json.loads(row[2]), row[3], row[4])
 
     def queued(self) -> list[EvalJob]:
         """Jobs accepted but not answered, in the order they were accepted."""
-        with self._lock:
-            rows = self._db.execute("SELECT request FROM jobs WHERE state=? ORDER BY seq",
-                                    (JobState.QUEUED.value,)).fetchall()
+        rows = self._db.query("SELECT request FROM jobs WHERE state=? ORDER BY seq", (JobState.QUEUED.value,))
         return [EvalJob.from_json_dict(json.loads(row[0])) for row in rows]
 
     def counts(self) -> dict[str, int]:
-        with self._lock:
-            rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
+        rows = self._db.query("SELECT state, COUNT(*) FROM jobs GROUP BY state")
         return {state.value: 0 for state in JobState} | dict(rows)
 
     def answered_since(self, since: float) -> int:
-        with self._lock:
-            return self._db.execute("SELECT COUNT(*) FROM jobs WHERE finished_at >= ?", (since,)).fetchone()[0]
+        return self._db.query("SELECT COUNT(*) FROM jobs WHERE finished_at >= ?", (since,))[0][0]
 
     def close(self) -> None:
         """Idempotent."""
-        with self._lock:
-            self._db.close()
+        self._db.close()
