@@ -6,7 +6,8 @@ Runs the user-facing commands as subprocesses, each in its own run folder under 
   the workdir layout, where 4 of 6 tasks have no solution and count as failed);
 - ``redteam``: the red-team CUDA variants (``tests/redteam/cuda``) on their task: all must fail;
 - ``throughput``: ``--repeats`` copies of every sample task, warm (builds and baselines cached:
-  the GPU-bound rate) and cold (every candidate's sources distinct: the compile-bound rate);
+  the GPU-bound rate; single-file solutions, and the workdir layout's relu and rmsnorm) and cold
+  (every candidate's sources distinct: the compile-bound rate);
 - ``service``: ``cuda-agent serve`` on loopback, then ``cuda-agent eval --backend service`` of the
   samples and of the warm throughput set.
 
@@ -88,15 +89,22 @@ def repeated_set(root: Path, solutions_of: Path, repeats: int, distinct_sources:
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
     for task in sorted((EXAMPLES / "tasks").glob("*.py")):
-        source = solutions_of / task.name
-        if not source.is_file():
+        single, workdir = solutions_of / task.name, solutions_of / task.stem
+        if not single.is_file() and not workdir.is_dir():
             continue
         for index in range(repeats):
             key = f"{task.stem}_r{index}"
             shutil.copy(task, tasks / f"{key}.py")
-            (solutions / key).mkdir()
-            text = source.read_text() + (f"\n# distinct candidate {key} {time.time_ns()}\n" if distinct_sources else "")
-            (solutions / key / "model_new.py").write_text(text)
+            if workdir.is_dir():
+                shutil.copytree(workdir, solutions / key)
+                edited = next((solutions / key / "kernels").glob("*_binding.cpp"))
+                mark = f"\n// distinct candidate {key} {time.time_ns()}\n"
+            else:
+                (solutions / key).mkdir()
+                shutil.copy(single, solutions / key / "model_new.py")
+                edited, mark = solutions / key / "model_new.py", f"\n# distinct candidate {key} {time.time_ns()}\n"
+            if distinct_sources:
+                edited.write_text(edited.read_text() + mark)
     return tasks, solutions
 
 
@@ -215,6 +223,9 @@ def main() -> None:
     warm = repeated_set(args.out / "sets" / "warm", solutions, args.repeats, distinct_sources=False)
     if "throughput" in steps:
         rows.append(run_eval("throughput-warm", *warm, args.out, env, common))
+        workdirs = EXAMPLES / "solutions" / f"{args.device}_workdir"
+        warm_workdir = repeated_set(args.out / "sets" / "warm-workdir", workdirs, args.repeats, distinct_sources=False)
+        rows.append(run_eval("throughput-warm-workdir", *warm_workdir, args.out, env, common))
         cold = repeated_set(args.out / "sets" / "cold", solutions, args.cold_repeats, distinct_sources=True)
         rows.append(run_eval("throughput-cold", *cold, args.out, env, common))
     if "service" in steps:

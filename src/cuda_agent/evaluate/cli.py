@@ -15,6 +15,7 @@ from rich.table import Table
 from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage
 from cuda_agent.environment import POLICIES, EvalConfig
 from cuda_agent.evaluate.metrics import GroupMetrics, benchmark_metrics
+from cuda_agent.evaluate.policy import DEFAULT_TURNS
 from cuda_agent.evaluate.store import HARNESS_ERROR, STORE_FILE, ResultRecord, ResultsStore, StoreError
 from cuda_agent.evaluate.tasks import EvalTask, SolutionMatch, TaskSetError, load_task_set, match_solutions
 from cuda_agent.pool import BACKENDS, PoolConfig, PoolConfigError, open_pool
@@ -38,6 +39,8 @@ def _solutions_for(tasks: list[EvalTask], solutions: Optional[Path], policy: Opt
         fail_usage("give exactly one of --solutions DIR (evaluate a folder) or --policy SPEC (run the agent first)")
     if solutions is not None:
         return solutions
+    if turns < 1:
+        fail_usage(f"--turns must be >= 1, got {turns}")
     from cuda_agent.evaluate.policy import AgentUnavailable, run_agent, tasks_without_solution
 
     folder = out / "solutions"
@@ -57,7 +60,7 @@ def eval_command(
     solutions: Optional[Path] = typer.Option(None, help="Folder with one solution per task: level{L}_problem{N}.py "
                                                         "or <task id>.py (or a workdir folder of that name)."),
     policy: Optional[str] = typer.Option(None, help="Evaluate a policy: the agent writes the solutions first."),
-    turns: int = typer.Option(200, help="Agent turns per task with --policy."),
+    turns: int = typer.Option(DEFAULT_TURNS, help="Agent turns per task with --policy."),
     out: Optional[Path] = typer.Option(None, help="Run folder (results store, reports); rerunning continues it "
                                                   "[default: runs/eval-<solutions folder name>]."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object of metrics per level and overall."),
