@@ -80,7 +80,8 @@ def redteam_set(root: Path) -> tuple[Path, Path]:
     return tasks, solutions
 
 
-def repeated_set(root: Path, solutions_of: Path, repeats: int, distinct_sources: bool) -> tuple[Path, Path]:
+def repeated_set(root: Path, examples: Path, solutions_of: Path, repeats: int,
+                 distinct_sources: bool) -> tuple[Path, Path]:
     """``repeats`` copies of every sample task. Each solution is ``<task>_r<i>/model_new.py``: with
     identical sources every copy shares one build; with ``distinct_sources`` each gets a comment of
     its own, so each is a fresh compile (what an RL trainer sends)."""
@@ -88,7 +89,7 @@ def repeated_set(root: Path, solutions_of: Path, repeats: int, distinct_sources:
     for folder in (tasks, solutions):
         shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir(parents=True)
-    for task in sorted((EXAMPLES / "tasks").glob("*.py")):
+    for task in sorted((examples / "tasks").glob("*.py")):
         single, workdir = solutions_of / task.name, solutions_of / task.stem
         if not single.is_file() and not workdir.is_dir():
             continue
@@ -198,6 +199,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="copies of each sample task in the warm throughput set")
     parser.add_argument("--cold-repeats", type=int, default=2, help="copies with distinct sources (fresh compiles)")
     parser.add_argument("--config", type=Path, default=None, help="YAML evaluation config (default: defaults)")
+    parser.add_argument("--examples", type=Path, default=EXAMPLES,
+                        help="samples folder with tasks/ and solutions/<device>[_workdir]/ (default: the bundled ones)")
     args = parser.parse_args()
     steps = [s for s in args.steps.split(",") if s]
     unknown = sorted(set(steps) - set(STEPS))
@@ -212,24 +215,24 @@ def main() -> None:
         config = args.out / "arch.yaml"
         config.write_text("build:\n  cuda_arch: '%d.%d'\n" % torch.cuda.get_device_capability())
         common += ["--config", str(config)]
-    solutions = EXAMPLES / "solutions" / args.device
+    examples = args.examples.resolve()
+    solutions, workdirs = examples / "solutions" / args.device, examples / "solutions" / f"{args.device}_workdir"
     rows: list[dict] = []
     if "samples" in steps:
-        rows.append(run_eval("samples", EXAMPLES / "tasks", solutions, args.out, env, common))
-        rows.append(run_eval("samples-workdir", EXAMPLES / "tasks", EXAMPLES / "solutions" / f"{args.device}_workdir",
-                             args.out, env, common))
+        rows.append(run_eval("samples", examples / "tasks", solutions, args.out, env, common))
+        rows.append(run_eval("samples-workdir", examples / "tasks", workdirs, args.out, env, common))
     if "redteam" in steps:
         rows.append(run_eval("redteam-cuda", *redteam_set(args.out / "sets" / "redteam"), args.out, env, common))
-    warm = repeated_set(args.out / "sets" / "warm", solutions, args.repeats, distinct_sources=False)
+    warm = repeated_set(args.out / "sets" / "warm", examples, solutions, args.repeats, distinct_sources=False)
     if "throughput" in steps:
         rows.append(run_eval("throughput-warm", *warm, args.out, env, common))
-        workdirs = EXAMPLES / "solutions" / f"{args.device}_workdir"
-        warm_workdir = repeated_set(args.out / "sets" / "warm-workdir", workdirs, args.repeats, distinct_sources=False)
+        warm_workdir = repeated_set(args.out / "sets" / "warm-workdir", examples, workdirs, args.repeats,
+                                    distinct_sources=False)
         rows.append(run_eval("throughput-warm-workdir", *warm_workdir, args.out, env, common))
-        cold = repeated_set(args.out / "sets" / "cold", solutions, args.cold_repeats, distinct_sources=True)
+        cold = repeated_set(args.out / "sets" / "cold", examples, solutions, args.cold_repeats, distinct_sources=True)
         rows.append(run_eval("throughput-cold", *cold, args.out, env, common))
     if "service" in steps:
-        rows += through_service(args.out, env, common, {"samples": (EXAMPLES / "tasks", solutions), "warm": warm})
+        rows += through_service(args.out, env, common, {"samples": (examples / "tasks", solutions), "warm": warm})
     info = machine()
     summary = summary_markdown(info, rows, args.out)
     (args.out / "gpu-validation-summary.md").write_text(summary)

@@ -12,6 +12,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from cuda_agent.cli import app
+from cuda_agent.evaluate.store import ResultsStore
 
 from support import SMALL_RELU_TASK, wait_until
 
@@ -113,15 +117,13 @@ def test_killed_run_continues_without_reevaluating_finished_tasks_then_reports(
     assert "| overall (run-compared) | 4 |" in (tmp_path / "cmp" / "summary.md").read_text()
 
 
-def test_continuing_a_run_with_other_settings_is_refused(small_suite, tmp_path: Path, cli, cli_env) -> None:
+def test_continuing_a_run_with_other_settings_is_refused(small_suite, tmp_path: Path) -> None:
     tasks, solutions = small_suite
     run = tmp_path / "run"
-    base = [*cli, "eval", "--tasks", str(tasks), "--solutions", str(solutions), "--out", str(run), "--device", "cpu"]
-    from cuda_agent.evaluate.store import ResultsStore
-
     ResultsStore(run / "results.sqlite").start_run("run", {"evaluation": "other"}, {})
-    result = subprocess.run(base, env=cli_env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2
+    result = CliRunner().invoke(app, ["eval", "--tasks", str(tasks), "--solutions", str(solutions), "--out", str(run),
+                                      "--device", "cpu"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2
     assert "started with other settings" in " ".join(result.stderr.split())
 
 
@@ -134,15 +136,16 @@ def test_continuing_a_run_with_other_settings_is_refused(small_suite, tmp_path: 
     (["--tasks", "{tasks}", "--level", "1", "--solutions", "{solutions}"], "--level needs a KernelBench checkout"),
     (["--tasks", "{tasks}", "--solutions", "{solutions}", "--backend", "slurm"], "pool.backend must be one of"),
 ])
-def test_bad_eval_usage_exits_2_naming_the_problem(small_suite, tmp_path: Path, cli, cli_env, args, message) -> None:
+def test_bad_eval_usage_exits_2_naming_the_problem(small_suite, tmp_path: Path, args, message) -> None:
+    """In process (these fail before any evaluation starts)."""
     tasks, solutions = small_suite
     filled = [a.format(tmp=tmp_path, tasks=tasks, solutions=solutions) for a in args]
-    result = subprocess.run([*cli, "eval", *filled, "--device", "cpu", "--out", str(tmp_path / "run")], env=cli_env,
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2, result.stderr
+    result = CliRunner().invoke(app, ["eval", *filled, "--device", "cpu", "--out", str(tmp_path / "run")],
+                                env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
     assert message in " ".join(result.stderr.split())
 
 
-def test_report_of_a_folder_without_results_exits_2(tmp_path: Path, cli, cli_env) -> None:
-    result = subprocess.run([*cli, "report", str(tmp_path)], env=cli_env, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and "no results store" in result.stderr
+def test_report_of_a_folder_without_results_exits_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["report", str(tmp_path)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "no results store" in result.stderr
