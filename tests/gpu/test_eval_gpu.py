@@ -74,6 +74,8 @@ def test_redteam_cuda_variants_all_fail(gpu_eval, tmp_path: Path) -> None:
 
 
 def test_samples_through_the_service_pass_as_they_do_locally(gpu_eval, tmp_path: Path) -> None:
+    pytest.importorskip("fastapi", reason="the service needs the 'serve' extra (FastAPI, uvicorn)")
+    pytest.importorskip("uvicorn", reason="the service needs the 'serve' extra (FastAPI, uvicorn)")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
