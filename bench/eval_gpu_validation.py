@@ -13,7 +13,8 @@ Runs the user-facing commands as subprocesses, each in its own run folder under 
 
 Every run uses all visible GPUs (one worker each) and reports evaluations per worker. Writes
 ``report.html`` + ``summary.md`` per run, ``<out>/gpu-validation-summary.md`` (to commit under
-docs/) and ``bench/results/eval_throughput_<device>.json``.
+docs/) and ``bench/results/eval_throughput_<device>.json``; steps may run in separate invocations
+into the same ``--out`` (the summary keeps every step's rows).
 
     python bench/eval_gpu_validation.py --out runs/gpu-validation
     python bench/eval_gpu_validation.py --out runs/gpu-validation --steps throughput --repeats 10
@@ -48,8 +49,9 @@ def cli(args: list[str], env: dict[str, str], timeout_s: float = 3600) -> tuple[
 
 def run_eval(name: str, tasks: Path, solutions: Path, out: Path, env: dict[str, str], common: list[str],
              extra: list[str] = ()) -> dict:
-    """``cuda-agent eval --json`` into ``out/name``, then ``cuda-agent report``; a summary row."""
+    """``cuda-agent eval --json`` into a fresh ``out/name``, then ``cuda-agent report``; a summary row."""
     run_dir = out / name
+    shutil.rmtree(run_dir, ignore_errors=True)  # measure every evaluation, never a resumed run
     result, wall_s = cli(["eval", "--tasks", str(tasks), "--solutions", str(solutions), "--out", str(run_dir), "--json",
                           *common, *extra], env)
     if result.returncode not in (0, 1):
@@ -146,6 +148,16 @@ def through_service(out: Path, env: dict[str, str], common: list[str], sets: dic
     return rows
 
 
+def merged_rows(path: Path, rows: list[dict]) -> list[dict]:
+    """This invocation's rows over those of earlier invocations into the same ``--out`` (steps can
+    run one at a time, e.g. within a time limit per command); a rerun step replaces its rows."""
+    earlier = json.loads(path.read_text()) if path.is_file() else []
+    fresh = {row["run"] for row in rows}
+    merged = [row for row in earlier if row["run"] not in fresh] + rows
+    path.write_text(json.dumps(merged, indent=1))
+    return merged
+
+
 def machine() -> dict[str, str]:
     import torch
 
@@ -234,6 +246,7 @@ def main() -> None:
     if "service" in steps:
         rows += through_service(args.out, env, common, {"samples": (examples / "tasks", solutions), "warm": warm})
     info = machine()
+    rows = merged_rows(args.out / "rows.json", rows)
     summary = summary_markdown(info, rows, args.out)
     (args.out / "gpu-validation-summary.md").write_text(summary)
     results = REPO / "bench" / "results" / f"eval_throughput_{args.device}.json"
