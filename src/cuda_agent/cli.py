@@ -7,18 +7,20 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cuda_agent.agent.cli import agent_app, optimize, traj_app
-from cuda_agent.cli_support import console, err_console, eval_config_from, fail_usage, read_yaml_config
+from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage
 from cuda_agent.environment import (
-    POLICIES, EvalConfig, SolutionError, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
+    POLICIES, SolutionError, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
 )
 from cuda_agent.environment.build import build_many
+from cuda_agent.evaluate.cli import eval_command, report_command
+from cuda_agent.serve.cli import serve_command
 from cuda_agent.synth.cli import synth_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -29,12 +31,9 @@ app.add_typer(synth_app, name="synth")
 app.add_typer(agent_app, name="agent")
 app.add_typer(traj_app, name="traj")
 app.command()(optimize)
-
-
-def _build_config(device: Optional[str], config_file: Optional[Path], precision: Optional[str],
-                  trials: Optional[int], compile_baseline: Optional[bool]) -> EvalConfig:
-    data = read_yaml_config(config_file) if config_file is not None else {}
-    return eval_config_from(data, device, precision, trials, compile_baseline)
+app.command("eval")(eval_command)
+app.command("report")(report_command)
+app.command("serve")(serve_command)
 
 
 def _fmt(value: Optional[float], unit: str = "") -> str:
@@ -83,7 +82,7 @@ def verify(
 
     Exit status 0 whenever a verdict was reached (pass or fail), 2 on bad usage or unreadable input.
     """
-    eval_config = _build_config(device, config, precision, trials, compile_baseline)
+    eval_config = build_eval_config(device, config, precision, trials, compile_baseline)
     try:
         task = load_task(problem)
         load_solution(solution)
@@ -165,7 +164,7 @@ def demo(
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
 ) -> None:
     """Evaluate every bundled sample task with its bundled reference solution, end to end."""
-    eval_config = _build_config(device, config, None, None, compile_baseline)
+    eval_config = build_eval_config(device, config, None, None, compile_baseline)
     root = examples or examples_dir()
     runs = _sample_runs(root, eval_config.device)
     if not runs:

@@ -1,5 +1,5 @@
-"""What every ``cuda-agent`` command group shares: the consoles, the usage-error exit and the
-default device."""
+"""What every ``cuda-agent`` command group shares: the consoles, the usage-error exit, the default
+device and the evaluation config built from a YAML file and options."""
 
 from __future__ import annotations
 
@@ -63,3 +63,11 @@ def eval_config_from(data: dict[str, Any], device: Optional[str], precision: Opt
         return EvalConfig.from_dict(data)
     except (ConfigError, GuardConfigError, TypeError) as exc:
         fail_usage(f"invalid configuration: {exc}")
+
+
+def build_eval_config(device: Optional[str], config_file: Optional[Path], precision: Optional[str],
+                      trials: Optional[int], compile_baseline: Optional[bool]) -> EvalConfig:
+    """The ``EvalConfig`` of a command: the YAML file's sections, then the command-line options on
+    top; exits 2 (naming the field) on an invalid value."""
+    data = read_yaml_config(config_file) if config_file is not None else {}
+    return eval_config_from(data, device, precision, trials, compile_baseline)

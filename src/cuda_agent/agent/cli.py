@@ -67,7 +67,7 @@ def _make_policy(spec: PolicySpec):
         fail_usage(f"cannot create the {spec.name} policy: {exc}")
 
 
-_OPTIONS = {
+AGENT_OPTIONS = {
     "policy": typer.Option("openai", help=_POLICY_HELP),
     "model": typer.Option(None, help="openai: model name (else $CUDA_AGENT_LLM_MODEL); hf: local model folder."),
     "base_url": typer.Option(None, help="openai: endpoint, e.g. http://localhost:8000/v1 (else "
@@ -84,10 +84,10 @@ _OPTIONS = {
 def optimize(
     model_file: Path = typer.Argument(..., metavar="MODEL.py", help="KernelBench-format problem (class Model, get_inputs, get_init_inputs)."),
     out: Path = typer.Option(Path("optimized"), help="Folder for model_new.py (+ kernels/), report.json, trajectory.jsonl."),
-    policy: str = _OPTIONS["policy"], model: Optional[str] = _OPTIONS["model"],
-    base_url: Optional[str] = _OPTIONS["base_url"], replay: Optional[Path] = _OPTIONS["replay"],
-    tool_protocol: str = _OPTIONS["tool_protocol"], device: Optional[str] = _OPTIONS["device"],
-    config: Optional[Path] = _OPTIONS["config"], max_turns: Optional[int] = _OPTIONS["max_turns"],
+    policy: str = AGENT_OPTIONS["policy"], model: Optional[str] = AGENT_OPTIONS["model"],
+    base_url: Optional[str] = AGENT_OPTIONS["base_url"], replay: Optional[Path] = AGENT_OPTIONS["replay"],
+    tool_protocol: str = AGENT_OPTIONS["tool_protocol"], device: Optional[str] = AGENT_OPTIONS["device"],
+    config: Optional[Path] = AGENT_OPTIONS["config"], max_turns: Optional[int] = AGENT_OPTIONS["max_turns"],
 ) -> None:
     """Let the agent optimise one PyTorch module; write the best verified solution and its report."""
     from cuda_agent.agent.optimize import optimize as run_optimize
@@ -126,10 +126,10 @@ def optimize(
 def agent_run(
     tasks: Path = typer.Option(..., help="Tasks: a problem file, a folder of them, or a .parquet/.jsonl dataset."),
     out: Path = typer.Option(..., help="Output folder; trajectories go to OUT/trajectories.jsonl (a rerun resumes)."),
-    policy: str = _OPTIONS["policy"], model: Optional[str] = _OPTIONS["model"],
-    base_url: Optional[str] = _OPTIONS["base_url"], replay: Optional[Path] = _OPTIONS["replay"],
-    tool_protocol: str = _OPTIONS["tool_protocol"], device: Optional[str] = _OPTIONS["device"],
-    config: Optional[Path] = _OPTIONS["config"], max_turns: Optional[int] = _OPTIONS["max_turns"],
+    policy: str = AGENT_OPTIONS["policy"], model: Optional[str] = AGENT_OPTIONS["model"],
+    base_url: Optional[str] = AGENT_OPTIONS["base_url"], replay: Optional[Path] = AGENT_OPTIONS["replay"],
+    tool_protocol: str = AGENT_OPTIONS["tool_protocol"], device: Optional[str] = AGENT_OPTIONS["device"],
+    config: Optional[Path] = AGENT_OPTIONS["config"], max_turns: Optional[int] = AGENT_OPTIONS["max_turns"],
     samples: Optional[int] = typer.Option(None, help="Episodes per task (default 1)."),
     concurrency: Optional[int] = typer.Option(None, help="Episodes at once (default 8)."),
     evaluation_slots: Optional[int] = typer.Option(None, help="Evaluations at once over all episodes (default 1)."),

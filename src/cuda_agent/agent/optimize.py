@@ -46,15 +46,22 @@ def best_evaluation(trajectory: Trajectory) -> dict[str, Any]:
 
 
 async def optimize(task: Task, policy: Policy, agent_config: AgentConfig, eval_config: EvalConfig,
-                   out_dir: Path) -> OptimizeResult:
+                   out_dir: Path, queue: EvaluationQueue | None = None) -> OptimizeResult:
     """Run one episode on ``task`` and write ``out_dir/model_new.py`` (plus ``kernels/`` for the
-    workdir layout), ``out_dir/report.json`` and ``out_dir/trajectory.jsonl``."""
+    workdir layout), ``out_dir/report.json`` and ``out_dir/trajectory.jsonl``.
+
+    Args:
+        queue: the evaluation queue to share with other episodes; by default one of its own, one
+            evaluation at a time.
+    """
     keep = agent_config.keep_workdir
-    queue = EvaluationQueue(eval_config, 1)
+    own_queue = queue is None
+    queue = EvaluationQueue(eval_config, 1) if own_queue else queue
     try:
         trajectory = await run_episode(task, policy, agent_config.replace(keep_workdir=True), queue)
     finally:
-        queue.close()
+        if own_queue:
+            queue.close()
     try:
         best = best_evaluation(trajectory)
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,10 @@ from cuda_agent.environment.verdict import BuildInfo
 from cuda_agent.environment.worker import child_env, die_with_parent, signal_name
 
 BUILD_OK_FILE = "BUILD_OK.json"
+BUILD_FAILED_FILE = "BUILD_FAILED.json"
+"""Written when the compiler rejected the sources: the same sources and toolchain fail the same way,
+so a later build of that key (a pool's compile stage, then its evaluation; a resubmitted candidate)
+reports the recorded error at once instead of compiling again. Timeouts are never recorded."""
 
 
 class CompileError(RuntimeError):
@@ -87,6 +91,10 @@ def build_solution(solution: Solution, device: Device, config: BuildConfig, cach
         if (build_dir / BUILD_OK_FILE).is_file():
             info = BuildInfo(cached=True, seconds=time.monotonic() - started, key=key)
             return BuiltSolution(solution, build_dir, extensions_dir, info)
+        recorded = _read_result(build_dir / BUILD_FAILED_FILE)
+        if recorded is not None:
+            raise CompileError(f"{recorded['message']} (recorded by an earlier build of identical sources)",
+                               recorded["log_tail"])
         log_tail = _run_compile_child(solution, device, config, build_dir, extensions_dir)
     info = BuildInfo(cached=False, seconds=time.monotonic() - started, key=key, log_tail=log_tail)
     return BuiltSolution(solution, build_dir, extensions_dir, info)
@@ -144,7 +152,9 @@ def _run_compile_child(
     log_text = log_path.read_text(errors="replace")
     result = _read_result(result_path)
     if result is not None and result.get("compile_error"):
-        raise CompileError("compilation failed", _tail(str(result["compile_error"]), config.log_tail_lines))
+        log_tail = _tail(str(result["compile_error"]), config.log_tail_lines)
+        (build_dir / BUILD_FAILED_FILE).write_text(json.dumps({"message": "compilation failed", "log_tail": log_tail}))
+        raise CompileError("compilation failed", log_tail)
     if proc.returncode < 0:
         # Killed by a signal with no failed compile recorded: module-level candidate code crashed
         # while being imported. Not a compile error; the candidate worker's import will report it.

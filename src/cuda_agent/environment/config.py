@@ -247,5 +247,13 @@ class EvalConfig:
                 kwargs[key] = value
         return cls(**kwargs)
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready nested mapping that :meth:`from_dict` turns back into an equal config (for
+        configs sent to pool workers, Ray actors and services)."""
+        data = dataclasses.asdict(self)
+        data["cache_dir"] = str(self.cache_dir)
+        data["scratch_dir"] = None if self.scratch_dir is None else str(self.scratch_dir)
+        return data
+
     def replace(self, **changes: Any) -> "EvalConfig":
         return dataclasses.replace(self, **changes)

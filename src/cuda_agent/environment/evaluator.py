@@ -62,7 +62,9 @@ def evaluate(task: Task, solution_path: str | Path, config: EvalConfig | None = 
     return _Evaluation(task, Path(solution_path), config or EvalConfig(), profile).run()
 
 
-def _default_scratch_root() -> Path:
+def default_scratch_root() -> Path:
+    """Where evaluations put their temporary files unless ``EvalConfig.scratch_dir`` says otherwise:
+    /dev/shm when writable (inputs and outputs are memory-speed files), else the temp dir."""
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
         return shm
@@ -85,7 +87,7 @@ class _Evaluation:
         self.reference: WorkerProcess | None = None
         self.candidate: WorkerProcess | None = None
         self.lease: sandbox.Lease | None = None
-        self.scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=config.scratch_dir or _default_scratch_root()))
+        self.scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=config.scratch_dir or default_scratch_root()))
         self.scratch.chmod(0o711)  # the sandbox user may enter it, not list it
         self._phase_started = time.monotonic()
 

@@ -106,6 +106,25 @@ class Verdict:
         data["status"] = self.status.value
         return _finite_or_none(data)
 
+    @classmethod
+    def from_json_dict(cls, data: dict[str, Any]) -> "Verdict":
+        """The inverse of :meth:`to_json_dict`, for verdicts that crossed a process or network
+        boundary (pool workers, the service). Non-finite floats come back as ``None``.
+
+        Raises:
+            KeyError, TypeError, ValueError: ``data`` is not a verdict's JSON form.
+        """
+        fields = dict(data)
+        fields["status"] = Status(fields["status"])
+        fields["violations"] = [Violation(**v) for v in fields["violations"]]
+        fields["baselines"] = {k: TimingStats.from_dict(v) for k, v in (fields.get("baselines") or {}).items()}
+        if fields.get("candidate_timing") is not None:
+            fields["candidate_timing"] = TimingStats.from_dict(fields["candidate_timing"])
+        fields["trials"] = [TrialResult(**t) for t in fields.get("trials") or []]
+        if fields.get("build") is not None:
+            fields["build"] = BuildInfo(**fields["build"])
+        return cls(**fields)
+
 
 def _finite_or_none(value: Any) -> Any:
     if isinstance(value, float):

@@ -1,0 +1,127 @@
+"""The local pool: one evaluation worker process per GPU of this host (or N on the CPU backend),
+fed by compile threads in this process.
+
+Each GPU lane's worker sees exactly one GPU (``CUDA_VISIBLE_DEVICES`` set to that GPU's entry) and
+runs one evaluation at a time under a per-GPU lock, so timings on a GPU never overlap, not even
+with another pool on the same host. A lane's evaluations keep their temporary files in the lane's
+own scratch folder, which is emptied whenever its worker is restarted.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.environment import EvalConfig, Verdict
+from cuda_agent.environment.evaluator import default_scratch_root
+from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProcess, child_env
+from cuda_agent.pool.base import EvalLane, JobRejected, LaneFailed
+from cuda_agent.pool.config import PoolConfig, PoolConfigError
+from cuda_agent.pool.jobs import EvalJob
+from cuda_agent.pool.pipeline import LanePipeline
+from cuda_agent.pool.work import PoolWork, default_staging_dir
+
+SETUP_TIMEOUT_S = 300.0
+"""Time a fresh worker may take to import the environment and accept its configuration."""
+
+
+def visible_gpus() -> list[str]:
+    """``CUDA_VISIBLE_DEVICES`` entries of the GPUs this process may use (indices or UUIDs)."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [entry.strip() for entry in listed.split(",") if entry.strip() and entry.strip() != "-1"]
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())]
+
+
+class ProcessLane(EvalLane):
+    """A lane whose worker is a ``cuda_agent.pool.process_worker`` process.
+
+    Args:
+        name: the lane's name in results and stats (``cuda:1``, ``cpu:0``).
+        config: evaluation settings (its ``scratch_dir`` is replaced by the lane's own folder).
+        staging_dir: where jobs' files are written.
+        scratch_root: the pool's scratch folder; the lane uses ``<scratch_root>/<name>``.
+        gpu: the ``CUDA_VISIBLE_DEVICES`` entry the worker gets, or None (CPU lane).
+        job_timeout_s: a worker silent this long on one job is killed.
+    """
+
+    def __init__(self, name: str, config: EvalConfig, staging_dir: Path, scratch_root: Path,
+                 gpu: str | None, job_timeout_s: float) -> None:
+        self.name = name
+        self.config, self.staging_dir, self.gpu, self.job_timeout_s = config, staging_dir, gpu, job_timeout_s
+        slug = name.replace(":", "-")
+        self.scratch = scratch_root / slug
+        self.log_path = scratch_root / f"{slug}.log"
+        self._worker: WorkerProcess | None = None
+
+    def start(self) -> None:
+        shutil.rmtree(self.scratch, ignore_errors=True)  # a dead worker's unfinished evaluations
+        (self.scratch / "evals").mkdir(parents=True)
+        env = child_env(None if self.gpu is None else {"CUDA_VISIBLE_DEVICES": self.gpu})
+        worker = WorkerProcess("cuda_agent.pool.process_worker", env=env, cwd=self.scratch, log_path=self.log_path)
+        self._worker = worker
+        try:
+            worker.request({"op": "setup", "config": self.config.replace(scratch_dir=self.scratch / "evals").to_dict(),
+                            "staging_dir": str(self.staging_dir),
+                            "device_lock": None if self.gpu is None else f"gpu-{self.gpu}"}, SETUP_TIMEOUT_S)
+        except (WorkerError, RemoteError) as exc:
+            raise RuntimeError(f"worker setup failed: {exc}\n{worker.log_tail(2000)}") from None
+
+    def evaluate(self, job: EvalJob) -> Verdict:
+        if self._worker is None:
+            raise LaneFailed(f"lane {self.name} has no worker")
+        try:
+            reply = self._worker.request({"op": "evaluate", "job": job.to_json_dict()}, self.job_timeout_s)
+        except WorkerError as exc:
+            raise LaneFailed(f"worker {self.name} (pid {self._worker.proc.pid}) {exc}") from None
+        except RemoteError as exc:
+            raise JobRejected(f"the evaluation raised {exc}\n{exc.traceback[-2000:]}") from None
+        return Verdict.from_json_dict(reply["verdict"])
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+
+    def describe(self) -> dict[str, Any]:
+        worker = self._worker
+        alive = worker is not None and worker.proc.poll() is None
+        return {"pid": worker.proc.pid if alive else None, "gpu": self.gpu, "log": str(self.log_path)}
+
+
+class LocalPool(LanePipeline):
+    """:class:`LanePipeline` over :class:`ProcessLane` workers; removes its scratch folder on close."""
+
+    def __init__(self, config: EvalConfig, pool_config: PoolConfig) -> None:
+        staging_dir = pool_config.staging_dir or default_staging_dir(config)
+        slots = _lane_slots(config, pool_config)
+        self.scratch_root = Path(tempfile.mkdtemp(prefix="cuda-agent-pool-",
+                                                  dir=config.scratch_dir or default_scratch_root()))
+        lanes = [ProcessLane(name, config, staging_dir, self.scratch_root, gpu, pool_config.job_timeout_s)
+                 for name, gpu in slots]
+        work = PoolWork(config, staging_dir)
+        super().__init__("local", lanes, work.build, pool_config.compile_workers or os.cpu_count() or 1,
+                         pool_config.queue_size or 2 * len(lanes), pool_config.max_attempts)
+
+    def close(self, cancel_pending: bool = False) -> None:
+        super().close(cancel_pending)
+        shutil.rmtree(self.scratch_root, ignore_errors=True)
+
+
+def _lane_slots(config: EvalConfig, pool_config: PoolConfig) -> list[tuple[str, str | None]]:
+    """``(lane name, GPU entry or None)`` for each lane."""
+    if config.device == "cpu":
+        return [(f"cpu:{i}", None) for i in range(pool_config.workers or 1)]
+    gpus = list(pool_config.gpus) or visible_gpus()
+    if not gpus:
+        raise PoolConfigError("device is 'cuda' but no GPU is visible (check CUDA_VISIBLE_DEVICES and the driver)")
+    workers = pool_config.workers or len(gpus)
+    if workers > len(gpus):
+        raise PoolConfigError(f"pool.workers is {workers} but only {len(gpus)} GPUs are available ({', '.join(gpus)}): "
+                              "one worker per GPU, so that timings never overlap")
+    return [(f"cuda:{gpu}", gpu) for gpu in gpus[:workers]]

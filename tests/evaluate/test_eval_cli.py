@@ -1,0 +1,170 @@
+"""``cuda-agent eval`` and ``cuda-agent report`` end to end on the CPU backend: a run killed
+mid-way continues without re-evaluating finished tasks, ``--json`` carries the metrics, reports are
+written, and bad usage exits 2 naming the problem."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cuda_agent.cli import app
+from cuda_agent.evaluate.store import ResultsStore
+
+from support import EXAMPLES, FIXTURES, SMALL_RELU_TASK, wait_until
+
+RECORDED_CPU_EPISODE = FIXTURES / "agent" / "rmsnorm_cpu.jsonl"
+
+
+def descendants(pid: int) -> list[int]:
+    """Live processes below ``pid`` (children, grandchildren, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else None
+        except OSError:
+            continue
+        if fields and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        found += (kids := [k for p in frontier for k in children.get(p, [])])
+        frontier = kids
+    return found
+
+
+def is_live(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stored_rows(store: Path) -> dict[str, tuple[str, float]]:
+    if not store.exists():
+        return {}
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=30) as db:
+        try:
+            return {key: (status, at) for key, status, at in db.execute("SELECT task_key, status, finished_at FROM results")}
+        except sqlite3.OperationalError:  # the table is not created yet
+            return {}
+
+
+@pytest.fixture()
+def small_suite(tmp_path: Path, fault_solution) -> tuple[Path, Path]:
+    """Four tasks (copies of small_relu): two honest solutions sharing one build, one that the
+    static guards reject, and one missing."""
+    tasks, solutions = tmp_path / "tasks", tmp_path / "solutions"
+    tasks.mkdir()
+    solutions.mkdir()
+    for name in ("a", "b", "d", "e"):
+        shutil.copy(SMALL_RELU_TASK, tasks / f"{name}.py")
+    honest = fault_solution("relu_ok")
+    for name in ("a", "b"):
+        shutil.copytree(honest, solutions / name)
+    (solutions / "e.py").write_text("import torch.nn as nn\nimport torch.nn.functional as F\n\n\n"
+                                    "class ModelNew(nn.Module):\n    def forward(self, x):\n        return F.relu(x)\n")
+    return tasks, solutions
+
+
+def test_killed_run_continues_without_reevaluating_finished_tasks_then_reports(
+        small_suite, tmp_path: Path, cli, cli_env, fast_config_file) -> None:
+    tasks, solutions = small_suite
+    run = tmp_path / "run"
+    command = [*cli, "eval", "--tasks", str(tasks), "--solutions", str(solutions), "--out", str(run), "--device", "cpu",
+               "--no-compile-baseline", "--config", str(fast_config_file), "--workers", "1"]
+    first = subprocess.Popen(command, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    store = run / "results.sqlite"
+    assert wait_until(lambda: any(s == "correct" for s, _ in stored_rows(store).values()), timeout_s=600), \
+        first.stderr.read() if first.poll() is not None else "no correct result within 600 s"
+    workers = descendants(first.pid)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    before = stored_rows(store)
+    assert len(before) < 4, "the run finished before it could be killed"
+    assert workers, "the run had started no worker process"
+    assert wait_until(lambda: not [pid for pid in workers if is_live(pid)], timeout_s=30), \
+        "the killed run left processes behind"
+
+    second = subprocess.run([*command, "--json"], env=cli_env, capture_output=True, text=True, timeout=900)
+    assert second.returncode == 0, second.stderr
+    assert f"{len(before)} already done" in " ".join(second.stderr.split())
+    after = stored_rows(store)
+    assert {key: after[key] for key in before} == before, "a finished task was evaluated again"
+    data = json.loads(second.stdout)
+    overall = data["overall"]
+    assert (overall["n_tasks"], overall["n_correct"], overall["n_missing"]) == (4, 2, 1)
+    assert overall["pass_rate"] == 0.5
+    assert overall["geomean_speedup_vs_eager"] > 0 and overall["faster_rate_vs_compile"] is None
+    assert sorted(data) == ["overall", "run"] and data["run"]["device"] == "cpu"
+    assert {key: status for key, (status, _) in after.items()} == {
+        "a": "correct", "b": "correct", "d": "missing", "e": "guard_violation"}
+
+    report = subprocess.run([*cli, "report", str(run)], env=cli_env, capture_output=True, text=True, timeout=120)
+    assert report.returncode == 0, report.stderr
+    html, summary = (run / "report.html").read_text(), (run / "summary.md").read_text()
+    assert "<svg" in html and "href='verdicts/run/a.json'" in html and "guard_violation" in html
+    assert json.loads((run / "verdicts" / "run" / "a.json").read_text())["status"] == "correct"
+    assert "| overall | 4 | 1 | 50.0% |" in summary and "Evaluations per worker: cpu:0: 3." in summary
+    compared = subprocess.run([*cli, "report", str(run), "--compare", str(run), "--out", str(tmp_path / "cmp")],
+                              env=cli_env, capture_output=True, text=True, timeout=120)
+    assert compared.returncode == 0, compared.stderr
+    assert "| overall (run) | 4 |" in (tmp_path / "cmp" / "summary.md").read_text()
+    assert "| overall (run-compared) | 4 |" in (tmp_path / "cmp" / "summary.md").read_text()
+
+
+def test_continuing_a_run_with_other_settings_is_refused(small_suite, tmp_path: Path) -> None:
+    tasks, solutions = small_suite
+    run = tmp_path / "run"
+    ResultsStore(run / "results.sqlite").start_run("run", {"evaluation": "other"}, {})
+    result = CliRunner().invoke(app, ["eval", "--tasks", str(tasks), "--solutions", str(solutions), "--out", str(run),
+                                      "--device", "cpu"], env={"COLUMNS": "300"})
+    assert result.exit_code == 2
+    assert "started with other settings" in " ".join(result.stderr.split())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "{tmp}/absent", "--solutions", "{solutions}"], "absent: no such file or directory"),
+    (["--tasks", "{tasks}"], "give exactly one of --solutions DIR"),
+    (["--tasks", "{tasks}", "--solutions", "{solutions}", "--policy", "p"], "give exactly one of --solutions DIR"),
+    (["--tasks", "{tasks}", "--policy", "openai:model"], "unknown policy 'openai:model'"),
+    (["--tasks", "{tasks}", "--solutions", "{tmp}"], "no solution matches any task"),
+    (["--tasks", "{tasks}", "--level", "1", "--solutions", "{solutions}"], "--level needs a KernelBench checkout"),
+    (["--tasks", "{tasks}", "--solutions", "{solutions}", "--backend", "slurm"], "pool.backend must be one of"),
+])
+def test_bad_eval_usage_exits_2_naming_the_problem(small_suite, tmp_path: Path, args, message) -> None:
+    """In process (these fail before any evaluation starts)."""
+    tasks, solutions = small_suite
+    filled = [a.format(tmp=tmp_path, tasks=tasks, solutions=solutions) for a in args]
+    result = CliRunner().invoke(app, ["eval", *filled, "--device", "cpu", "--out", str(tmp_path / "run")],
+                                env={"COLUMNS": "300"})
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.stderr.split())
+
+
+def test_report_of_a_folder_without_results_exits_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["report", str(tmp_path)], env={"COLUMNS": "300"})
+    assert result.exit_code == 2 and "no results store" in result.stderr
+
+
+@pytest.mark.slow  # one rmsnorm agent episode (build cached by the samples tests), then its evaluation
+def test_a_policy_is_evaluated_on_the_solution_its_agent_wrote(cli, cli_env, fast_config_file, tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    shutil.copy(EXAMPLES / "tasks" / "rmsnorm.py", tasks / "rmsnorm.py")
+    args = [*cli, "eval", "--tasks", str(tasks), "--policy", "replay", "--replay", str(RECORDED_CPU_EPISODE),
+            "--device", "cpu", "--config", str(fast_config_file), "--out", str(tmp_path / "run"), "--json"]
+    proc = subprocess.run(args, env=cli_env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    overall = json.loads(proc.stdout)["overall"]
+    assert overall["n_tasks"] == 1 and overall["pass_rate"] == 1.0 and overall["faster_rate_vs_eager"] == 1.0
+    solution = tmp_path / "run" / "solutions" / "rmsnorm"
+    assert (solution / "report.json").exists() and (solution / "kernels" / "rmsnorm.cpp").exists()
+    again = subprocess.run(args, env=cli_env, capture_output=True, text=True, timeout=900)
+    assert again.returncode == 0 and "0 of 1 tasks to solve" in again.stderr  # resumed: no second episode
