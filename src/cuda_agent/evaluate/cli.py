@@ -38,8 +38,6 @@ def _pool_config(backend: str, address: Optional[str], token: Optional[str], wor
 def _solutions_for(tasks: list[EvalTask], solutions: Optional[Path], policy: Optional[PolicySpec], turns: int,
                    episodes: int, out: Path, config: EvalConfig) -> Path:
     """The folder of solutions to evaluate: the given one, or the one the agent fills for a policy."""
-    if (solutions is None) == (policy is None):
-        fail_usage("give exactly one of --solutions DIR (evaluate a folder) or --policy NAME (run the agent first)")
     if solutions is not None:
         return solutions
     if turns < 1 or episodes < 1:
@@ -103,6 +101,8 @@ def eval_command(
     except TaskSetError as exc:
         fail_usage(str(exc))
     run_dir = out or Path("runs") / f"eval-{(solutions or Path('policy')).resolve().name}"
+    if (solutions is None) == (policy is None):
+        fail_usage("give exactly one of --solutions DIR (evaluate a folder) or --policy NAME (run the agent first)")
     spec = None
     if policy is not None:
         if policy not in AGENT_POLICIES:
