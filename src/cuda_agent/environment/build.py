@@ -27,6 +27,8 @@ from cuda_agent.environment.verdict import BuildInfo
 from cuda_agent.environment.worker import child_env, die_with_parent, signal_name
 
 BUILD_OK_FILE = "BUILD_OK.json"
+BUILD_PATH_VERSION = "lean-1"
+"""Changes whenever the build child's compile path does (part of every build key)."""
 
 
 class CompileError(RuntimeError):
@@ -55,7 +57,8 @@ def toolchain_fingerprint(device: Device, config: BuildConfig) -> str:
     except importlib.metadata.PackageNotFoundError:
         torch_version = "none"
     parts = [
-        torch_version, sys.version, platform.machine(), device, config.cuda_arch,
+        BUILD_PATH_VERSION, torch_version, sys.version, platform.machine(), device, config.cuda_arch,
+        str(config.precompiled_header),
         " ".join(config.extra_cflags), " ".join(config.extra_cuda_cflags),
         os.environ.get("CXX", ""), os.environ.get("CUDA_HOME", ""),
     ]
@@ -87,14 +90,15 @@ def build_solution(solution: Solution, device: Device, config: BuildConfig, cach
         if (build_dir / BUILD_OK_FILE).is_file():
             info = BuildInfo(cached=True, seconds=time.monotonic() - started, key=key)
             return BuiltSolution(solution, build_dir, extensions_dir, info)
-        log_tail = _run_compile_child(solution, device, config, build_dir, extensions_dir)
-    info = BuildInfo(cached=False, seconds=time.monotonic() - started, key=key, log_tail=log_tail)
+        log_tail, compile_stats = _run_compile_child(solution, device, config, build_dir, extensions_dir)
+    info = BuildInfo(cached=False, seconds=time.monotonic() - started, key=key, log_tail=log_tail,
+                     compile_stats=compile_stats)
     return BuiltSolution(solution, build_dir, extensions_dir, info)
 
 
 def _run_compile_child(
     solution: Solution, device: Device, config: BuildConfig, build_dir: Path, extensions_dir: Path
-) -> str:
+) -> tuple[str, dict[str, int]]:
     if extensions_dir.exists():  # leftovers of a failed or killed build
         shutil.rmtree(extensions_dir)
     extensions_dir.mkdir()
@@ -111,6 +115,9 @@ def _run_compile_child(
         "extra_cflags": list(config.extra_cflags),
         "extra_cuda_cflags": list(config.extra_cuda_cflags),
         "result_path": str(result_path),
+        "cache_dir": str(build_dir.parents[2]),  # <cache>: objects and precompiled headers live beside build/
+        "jobs": config.max_jobs or os.cpu_count() or 1,
+        "pch": config.precompiled_header,
     }
     spec_path = build_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -152,7 +159,7 @@ def _run_compile_child(
     elif result is None:
         raise CompileError(f"build process exited ({proc.returncode}) without a result", _tail(log_text, config.log_tail_lines))
     (build_dir / BUILD_OK_FILE).write_text(json.dumps({"import_error": result.get("import_error")}))
-    return _tail(log_text, config.log_tail_lines)
+    return _tail(log_text, config.log_tail_lines), dict(result.get("compile_stats") or {})
 
 
 def _read_result(path: Path) -> dict | None:

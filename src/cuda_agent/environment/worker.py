@@ -283,6 +283,18 @@ def _rss_mb(pid: int) -> float | None:
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+def warm(msg: dict[str, Any]) -> dict[str, Any]:
+    """Initialise the device before any task or candidate is loaded (a prestarted worker's first
+    request): the evaluation that takes the worker does not wait for a CUDA context."""
+    import torch
+
+    if msg["device"] == "cuda":
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+        torch.cuda.synchronize()
+    return {}
+
+
 def serve(handlers: dict[str, Handler], argv: list[str] | None = None) -> None:
     """Worker-side main loop: read requests, dispatch on ``op``, reply. ``exit`` ends the loop."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -302,7 +314,7 @@ def serve(handlers: dict[str, Handler], argv: list[str] | None = None) -> None:
             if op == "exit":
                 return
             try:
-                handler = handlers[op]
+                handler = handlers[op] if op != "warm" else warm
                 reply = {"ok": True, **handler(message)}
             except BaseException as exc:  # noqa: BLE001 - every failure must become a reply
                 if isinstance(exc, KeyboardInterrupt):
