@@ -11,13 +11,14 @@ compile statistics.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.environment.compiler import BuildFailed, ExtensionCompiler, Unit, torch_toolchain
+from cuda_agent.environment.compiler import COMPILE_STATS, BuildFailed, ExtensionCompiler, Unit, torch_toolchain
 from cuda_agent.environment.loading import import_file
 from cuda_agent.environment.prebuilt import LeanBuilders
 from cuda_agent.environment.solution import EXTENSION_NAME
@@ -32,6 +33,9 @@ PYBIND11_MODULE({name}, m) {{
 _MODULE_FLAGS = ("-O1",)
 """The generated module unit only calls the register functions: its optimisation level cannot
 change any kernel's or binding's speed."""
+
+
+logger = logging.getLogger(__name__)
 
 
 class _CompileFailed(Exception):
@@ -132,6 +136,7 @@ def build_workdir(spec: dict[str, Any], result: dict[str, Any]) -> list[Extensio
 
 
 def main(argv: list[str]) -> int:
+    logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
     spec = json.loads(Path(argv[0]).read_text())
     result: dict[str, Any] = {"compile_calls": 0, "compile_error": None, "import_error": None}
     compilers: list[ExtensionCompiler] = []
@@ -141,10 +146,10 @@ def main(argv: list[str]) -> int:
         else:
             compilers = build_single_file(spec, result)
     finally:
-        result["compile_stats"] = {k: sum(c.stats[k] for c in compilers) for k in ("units", "object_cache_hits", "pch_units")}
+        result["compile_stats"] = {k: sum(c.stats[k] for c in compilers) for k in COMPILE_STATS}
         for compiler in compilers:
-            for entry in compiler.log:
-                print(entry, flush=True)  # the build log (stdout goes to build.log): warnings of successful compiles
+            for entry in compiler.log:  # into build.log: the warnings of compiles that succeeded
+                logger.info("%s", entry)
         Path(spec["result_path"]).write_text(json.dumps(result))
     return 0
 

@@ -9,7 +9,8 @@ torch's own build-file writer, so ABI settings match the installed torch) and ad
 - an object cache: a unit's object is reused when its text, the headers it can include, its flags
   and the toolchain are unchanged (an agent editing its ``.cu`` keeps its binding's object);
 - all units compiled in parallel, for the configured GPU architecture only; device code keeps the
-  flags the candidate and the build config give (``-O3``), never fast-math.
+  flags the candidate and the build config give (``-O3``), never fast-math;
+- nvcc's host and device front ends run side by side (:mod:`nvcc_phases`).
 
 Runs in the compile child only (no GPU needed).
 """
@@ -29,7 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from cuda_agent.environment.nvcc_phases import PhaseFailed, compile_cu
+
 PCH_HEADER = "torch/extension.h"
+COMPILE_STATS = ("units", "object_cache_hits", "pch_units", "phased_cuda_units")
+"""Counters a build reports: units compiled or taken from the object cache, units that used the
+precompiled header, CUDA units compiled with the front ends in parallel."""
 _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 _HEADER_SUFFIXES = (".h", ".hpp", ".cuh", ".hh", ".inl")
 
@@ -132,7 +138,7 @@ class ExtensionCompiler:
         flags compile without it); None disables it."""
         self.toolchain, self.cache_dir, self.jobs, self.pch_flags = toolchain, cache_dir, max(1, jobs), pch_flags
         self.log: list[str] = []
-        self.stats = {"units": 0, "object_cache_hits": 0, "pch_units": 0}
+        self.stats = dict.fromkeys(COMPILE_STATS, 0)
 
     def build(self, name: str, units: list[Unit], out_dir: Path, include_dirs: tuple[Path, ...] = (),
               extra_ldflags: tuple[str, ...] = ()) -> Path:
@@ -142,7 +148,7 @@ class ExtensionCompiler:
             BuildFailed: a compile or the link failed (message: command and compiler output).
         """
         out_dir.mkdir(parents=True, exist_ok=True)
-        pch_dir = self._pch_dir() if any(self._uses_pch(u) for u in units) else None
+        pch_dir = self.precompiled_header_dir() if any(self._uses_pch(u) for u in units) else None
         with ThreadPoolExecutor(max_workers=min(self.jobs, max(1, len(units)))) as pool:
             objects = list(pool.map(lambda u: self._object(name, u, out_dir, include_dirs, pch_dir), units))
         library = out_dir / f"{name}.so"
@@ -168,12 +174,21 @@ class ExtensionCompiler:
             shutil.copyfile(cached, target)
             return target
         self.stats["pch_units"] += use_pch
-        _run([*command, "-c", str(unit.source), "-o", str(target)], f"compile {unit.source.name}", self.log)
+        if not (unit.is_cuda and self._compile_cu_in_phases(command, unit, target, out_dir)):
+            _run([*command, "-c", str(unit.source), "-o", str(target)], f"compile {unit.source.name}", self.log)
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(f".{os.getpid()}.{id(unit)}.tmp")
         shutil.copyfile(target, partial)
         os.replace(partial, cached)  # atomic: a concurrent build reads a whole object or none
         return target
+
+    def _compile_cu_in_phases(self, command: list[str], unit: Unit, target: Path, out_dir: Path) -> bool:
+        try:
+            done = compile_cu(command, unit.source, target, out_dir / f"{unit.source.name}.phases", self.log)
+        except PhaseFailed as exc:
+            raise BuildFailed(f"compile {unit.source.name} failed: {exc}") from None
+        self.stats["phased_cuda_units"] += done
+        return done
 
     def _command(self, name: str, unit: Unit, include_dirs: tuple[Path, ...], pch_dir: Path | None,
                  out_dir: Path) -> list[str]:
@@ -208,7 +223,7 @@ class ExtensionCompiler:
         return digest.hexdigest()
 
     # -- precompiled header ----------------------------------------------------------------------
-    def _pch_dir(self) -> Path | None:
+    def precompiled_header_dir(self) -> Path | None:
         """``<cache>/pch/<key>/`` holding ``torch/extension.h.gch`` (built here on first use, under
         a lock) beside the wrapper header it was compiled from; None when it cannot be built."""
         assert self.pch_flags is not None
