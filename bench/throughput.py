@@ -200,7 +200,7 @@ def main() -> None:
         "throughput_ratio": ours["evals_per_hour"] / baseline["evals_per_hour"],
         "gpu_busy_fraction": ours["gpu_busy_fraction"], "baseline_gpu_busy_fraction": baseline["gpu_busy_fraction"],
         "median_eval_phase_seconds": {k: median([p[k] for p in ours["phase_seconds"] if k in p])
-                                      for k in ("workers", "build", "prepare", "verify", "profile", "total")},
+                                      for k in ("workers", "build", "prepare", "load", "verify", "profile", "total")},
         "prepared_before_clock": prepared, "build_parallel": build_parallel, "build_max_jobs": config.build.max_jobs,
         "cuda_agent": ours, "baseline": baseline,
     }

@@ -26,6 +26,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -139,6 +140,7 @@ class ExtensionCompiler:
         self.toolchain, self.cache_dir, self.jobs, self.pch_flags = toolchain, cache_dir, max(1, jobs), pch_flags
         self.log: list[str] = []
         self.stats = dict.fromkeys(COMPILE_STATS, 0)
+        self._stats_lock = threading.Lock()
 
     def build(self, name: str, units: list[Unit], out_dir: Path, include_dirs: tuple[Path, ...] = (),
               extra_ldflags: tuple[str, ...] = ()) -> Path:
@@ -150,7 +152,8 @@ class ExtensionCompiler:
         out_dir.mkdir(parents=True, exist_ok=True)
         pch_dir = self.precompiled_header_dir() if any(self._uses_pch(u) for u in units) else None
         with ThreadPoolExecutor(max_workers=min(self.jobs, max(1, len(units)))) as pool:
-            objects = list(pool.map(lambda u: self._object(name, u, out_dir, include_dirs, pch_dir), units))
+            stems = [out_dir / f"{i}_{u.source.name}" for i, u in enumerate(units)]  # unique per unit
+            objects = list(pool.map(lambda u, stem: self._object(name, u, stem, include_dirs, pch_dir), units, stems))
         library = out_dir / f"{name}.so"
         _run([self.toolchain.cxx, *map(str, objects), *self.toolchain.ldflags, *extra_ldflags, "-o", str(library)],
              "link", self.log)
@@ -161,20 +164,26 @@ class ExtensionCompiler:
         return (self.pch_flags is not None and not unit.is_cuda and unit.flags == self.pch_flags
                 and first_include(unit.source.read_text(errors="replace")) == PCH_HEADER)
 
-    def _object(self, name: str, unit: Unit, out_dir: Path, include_dirs: tuple[Path, ...],
+    def _count(self, stat: str, amount: int = 1) -> None:
+        with self._stats_lock:
+            self.stats[stat] += amount
+
+    def _object(self, name: str, unit: Unit, stem: Path, include_dirs: tuple[Path, ...],
                 pch_dir: Path | None) -> Path:
+        """``stem.o`` for ``unit`` (``stem``: a path unique to the unit in this build)."""
         use_pch = pch_dir is not None and self._uses_pch(unit)
-        command = self._command(name, unit, include_dirs, pch_dir if use_pch else None, out_dir)
+        command = self._command(name, unit, include_dirs, pch_dir if use_pch else None, stem.parent)
         key = self._object_key(unit, command, include_dirs)
         cached = self.cache_dir / "objects" / key[:2] / f"{key}.o"
-        target = out_dir / f"{unit.source.name}.o"
-        self.stats["units"] += 1
+        target = stem.with_name(stem.name + ".o")
+        self._count("units")
         if cached.is_file():
-            self.stats["object_cache_hits"] += 1
+            self._count("object_cache_hits")
             shutil.copyfile(cached, target)
             return target
-        self.stats["pch_units"] += use_pch
-        if not (unit.is_cuda and self._compile_cu_in_phases(command, unit, target, out_dir)):
+        self._count("pch_units", use_pch)
+        phases_dir = stem.with_name(stem.name + ".phases")
+        if not (unit.is_cuda and self._compile_cu_in_phases(command, unit, target, phases_dir)):
             _run([*command, "-c", str(unit.source), "-o", str(target)], f"compile {unit.source.name}", self.log)
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(f".{os.getpid()}.{id(unit)}.tmp")
@@ -182,12 +191,12 @@ class ExtensionCompiler:
         os.replace(partial, cached)  # atomic: a concurrent build reads a whole object or none
         return target
 
-    def _compile_cu_in_phases(self, command: list[str], unit: Unit, target: Path, out_dir: Path) -> bool:
+    def _compile_cu_in_phases(self, command: list[str], unit: Unit, target: Path, work_dir: Path) -> bool:
         try:
-            done = compile_cu(command, unit.source, target, out_dir / f"{unit.source.name}.phases", self.log)
+            done = compile_cu(command, unit.source, target, work_dir, self.log)
         except PhaseFailed as exc:
             raise BuildFailed(f"compile {unit.source.name} failed: {exc}") from None
-        self.stats["phased_cuda_units"] += done
+        self._count("phased_cuda_units", done)
         return done
 
     def _command(self, name: str, unit: Unit, include_dirs: tuple[Path, ...], pch_dir: Path | None,

@@ -102,11 +102,17 @@ class _Evaluation:
             self._lay_out(solution)
             self._load_reference()
             self.verdict.environment["sandbox"] = self.slot.lease.describe()
-            trials = self._prepare_trials()
+            trials = None if build.done() else self._prepare_trials()  # while the build runs
             built = self._finish_build(build)
         self._phase("prepare")
-        baselines = self._baselines()
-        self._load_candidate(built)
+        baselines = self._baselines()  # before any candidate code runs: nothing else uses the device
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            # The reference makes the input sets while the candidate loads; this thread keeps
+            # watching the candidate's limits.
+            pending = pool.submit(self._prepare_trials) if trials is None else None
+            self._load_candidate(built)
+            trials = trials if pending is None else pending.result()
+        self._phase("load")
         self._verify(trials)
         self._phase("verify")
         self._profile(baselines)
