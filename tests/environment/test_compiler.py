@@ -73,3 +73,12 @@ def test_rebuild_after_a_kernel_edit_compiles_only_the_edited_unit(tmp_path: Pat
         stats.append(built.info.compile_stats)
     assert stats[1]["units"] == 3 and stats[1]["object_cache_hits"] == 2, stats
     assert stats[0]["pch_units"] >= 1 and stats[1]["pch_units"] == 1, stats  # relu.cpp starts with torch/extension.h
+
+
+@pytest.mark.slow
+def test_torch_builder_fallback_still_builds_a_workdir(tmp_path: Path, session_cache_dir: Path) -> None:
+    root = tmp_path / "relu"
+    shutil.copytree(EXAMPLES / "solutions" / "cpu_workdir" / "relu", root)
+    built = build_solution(load_solution(root), "cpu", BuildConfig(lean=False), session_cache_dir)
+    assert (built.extensions_dir / "cuda_extension.so").is_file()
+X

@@ -58,7 +58,7 @@ def toolchain_fingerprint(device: Device, config: BuildConfig) -> str:
         torch_version = "none"
     parts = [
         BUILD_PATH_VERSION, torch_version, sys.version, platform.machine(), device, config.cuda_arch,
-        str(config.precompiled_header),
+        str(config.precompiled_header), str(config.lean),
         " ".join(config.extra_cflags), " ".join(config.extra_cuda_cflags),
         os.environ.get("CXX", ""), os.environ.get("CUDA_HOME", ""),
     ]
@@ -118,6 +118,7 @@ def _run_compile_child(
         "cache_dir": str(build_dir.parents[2]),  # <cache>: objects and precompiled headers live beside build/
         "jobs": config.max_jobs or os.cpu_count() or 1,
         "pch": config.precompiled_header,
+        "lean": config.lean,
     }
     spec_path = build_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))

@@ -48,8 +48,8 @@ def _compiler(spec: dict[str, Any], with_cuda: bool) -> ExtensionCompiler:
 
 
 def _record_compiles(spec: dict[str, Any], result: dict[str, Any], compilers: list[ExtensionCompiler]) -> None:
-    """Route torch's JIT builders through the lean path, telling a failed compile apart from a
-    failed import.
+    """Route torch's JIT builders through the lean path (``build.lean``), telling a failed compile
+    apart from a failed import.
 
     The result file is rewritten after every compile, so if the import then crashes the process
     (a segfault in module-level code), the parent still knows compilation itself succeeded.
@@ -65,15 +65,17 @@ def _record_compiles(spec: dict[str, Any], result: dict[str, Any], compilers: li
     lean = LeanBuilders(make_compiler, Path(spec["extensions_dir"]))
 
     def wrap(kind: str, builder):
-        built_lean = lean.wrap(kind, builder, on_compiled=lambda: result_path.write_text(json.dumps(result)))
+        build = lean.wrap(kind, builder) if spec["lean"] else builder
 
         def recorded(*args, **kwargs):
             result["compile_calls"] += 1
             try:
-                return built_lean(*args, **kwargs)
+                module = build(*args, **kwargs)
             except Exception as exc:
                 result["compile_error"] = str(exc)
                 raise _CompileFailed from exc
+            result_path.write_text(json.dumps(result))
+            return module
 
         return recorded
 
@@ -119,12 +121,15 @@ def build_workdir(spec: dict[str, Any], result: dict[str, Any]) -> list[Extensio
         calls="\n".join(f"    register_{n}(m);" for n in names),
     ))
     result["compile_calls"] = 1
-    compiler = _compiler(spec, has_cuda)
     units = [Unit(s, tuple(spec["extra_cuda_cflags"] if s.suffix == ".cu" else spec["extra_cflags"])) for s in sources]
+    compilers = [_compiler(spec, has_cuda)] if spec["lean"] else []
     try:
-        compiler.build(EXTENSION_NAME, [*units, Unit(module_cpp, _MODULE_FLAGS)], extensions_dir,
-                       include_dirs=(sources_dir / "kernels",))
-    except BuildFailed as exc:
+        if compilers:
+            compilers[0].build(EXTENSION_NAME, [*units, Unit(module_cpp, _MODULE_FLAGS)], extensions_dir,
+                               include_dirs=(sources_dir / "kernels",))
+        else:
+            _torch_load(spec, [*sources, module_cpp], sources_dir / "kernels", has_cuda)
+    except Exception as exc:  # BuildFailed, or torch's RuntimeError: both carry the compiler output
         message = str(exc)
         if "undefined symbol" in message or "undefined reference" in message:
             message += (
@@ -132,7 +137,16 @@ def build_workdir(spec: dict[str, Any], result: dict[str, Any]) -> list[Extensio
                 "`void register_<name>(pybind11::module_& m)`"
             )
         result["compile_error"] = message
-    return [compiler]
+    return compilers
+
+
+def _torch_load(spec: dict[str, Any], sources: list[Path], kernels_dir: Path, has_cuda: bool) -> None:
+    """torch's JIT builder (``build.lean`` off): ninja, ``torch/extension.h`` in every unit."""
+    from torch.utils.cpp_extension import load
+
+    load(name=EXTENSION_NAME, sources=[str(s) for s in sources], build_directory=spec["extensions_dir"],
+         extra_cflags=spec["extra_cflags"], extra_cuda_cflags=spec["extra_cuda_cflags"],
+         extra_include_paths=[str(kernels_dir)], with_cuda=has_cuda, verbose=False)
 
 
 def main(argv: list[str]) -> int:

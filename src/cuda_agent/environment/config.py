@@ -46,6 +46,10 @@ class BuildConfig:
     """Flags for nvcc in the agent-workdir layout's protected build."""
     log_tail_lines: int = 60
     """How many trailing lines of compiler output a failed build reports."""
+    lean: bool = True
+    """Compile through cuda-agent's lean path (docs/performance.md); False: torch's JIT builder
+    (ninja, ``torch/extension.h`` parsed in every unit), as before it, for comparison or as a
+    fallback."""
     precompiled_header: bool = True
     """Precompile ``torch/extension.h`` once per toolchain and ``extra_cflags`` (GCC PCH in the
     cache) and use it for every C++ unit that includes it first with those flags."""

@@ -78,7 +78,9 @@ class LeanBuilders:
         self.make_compiler, self.extensions_dir = make_compiler, extensions_dir
         self.manifest: dict[str, dict[str, str]] = {}
 
-    def wrap(self, kind: str, builder: Callable[..., Any], on_compiled: Callable[[], None]) -> Callable[..., Any]:
+    def wrap(self, kind: str, builder: Callable[..., Any]) -> Callable[..., Any]:
+        """``builder`` (torch's ``load_inline`` or ``load``) through the lean path where it can."""
+
         def lean(*args: Any, **kwargs: Any) -> Any:
             arguments = bound_call(kind, builder, args, kwargs)
             if arguments is None:
@@ -87,7 +89,6 @@ class LeanBuilders:
             else:
                 module = self._build(kind, arguments)
             self._write_manifest()
-            on_compiled()
             return module
 
         return lean
