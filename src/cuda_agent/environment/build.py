@@ -157,7 +157,7 @@ def _run_compile_child(
         # Killed by a signal with no failed compile recorded: module-level candidate code crashed
         # while being imported. Not a compile error; the candidate worker's import will report it.
         result = {"import_error": f"build process {signal_name(proc.returncode)} while importing the solution"}
-    elif result is None:
+    elif result is None or proc.returncode != 0:  # the build child itself failed: nothing to cache
         raise CompileError(f"build process exited ({proc.returncode}) without a result", _tail(log_text, config.log_tail_lines))
     (build_dir / BUILD_OK_FILE).write_text(json.dumps({"import_error": result.get("import_error")}))
     return _tail(log_text, config.log_tail_lines), dict(result.get("compile_stats") or {})
