@@ -14,7 +14,7 @@ import logging
 import secrets
 import shutil
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -254,25 +254,40 @@ class _Evaluation:
         self.verdict.notes.extend(reply.get("notes", []))
 
     def _verify(self, trials: list[tuple[int, str] | None]) -> None:
-        for trial in trials:
-            if trial is None:
-                continue
-            index, kind = trial
-            outputs = self.scratch / "out" / f"outputs_{index}.bin"
-            reply = self._ask_candidate("run", {"inputs_path": str(self._inputs_path(index)),
-                                                "outputs_path": str(outputs),
-                                                "require_extension_call": self.config.verify.require_extension_call},
-                                        self.config.limits.candidate_timeout_s, context=f"trial {index} ({kind})")
-            self._raise_on_violations(reply)
-            check = self._ask_reference("check", {"index": index, "path": str(outputs)})
-            result = TrialResult(index, kind, bool(check["passed"]), str(check["message"]),
-                                 check.get("max_abs_err"), check.get("error_ratio"))
-            self.verdict.trials.append(result)
-            outputs.unlink(missing_ok=True)
-            if not result.passed:
-                weights = [n for n in self.verdict.notes if n.startswith("weights:")]
-                raise _Stop(Status.INCORRECT, f"trial {index} ({kind}): {result.message}"
-                            + "".join(f"\n{n}" for n in weights))
+        """The candidate runs each trial and the reference checks it. The check of one trial runs
+        while the candidate runs the next; outcomes are still judged in trial order, exactly as
+        if one followed the other (a failed check wins over anything the next run did)."""
+        checking: tuple[int, str, Future] | None = None
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            for index, kind in [t for t in trials if t is not None]:
+                try:
+                    reply = self._run_trial(index, kind)
+                finally:  # also when the run failed: an earlier wrong result is the verdict
+                    if checking is not None:
+                        self._judge(*checking)
+                        checking = None
+                self._raise_on_violations(reply)
+                checking = (index, kind, pool.submit(self._ask_reference, "check", {
+                    "index": index, "path": str(self._outputs_path(index))}))
+            if checking is not None:
+                self._judge(*checking)
+
+    def _run_trial(self, index: int, kind: str) -> dict[str, Any]:
+        return self._ask_candidate("run", {"inputs_path": str(self._inputs_path(index)),
+                                           "outputs_path": str(self._outputs_path(index)),
+                                           "require_extension_call": self.config.verify.require_extension_call},
+                                   self.config.limits.candidate_timeout_s, context=f"trial {index} ({kind})")
+
+    def _judge(self, index: int, kind: str, checked: Future) -> None:
+        check = checked.result()  # _Stop if the reference failed
+        result = TrialResult(index, kind, bool(check["passed"]), str(check["message"]),
+                             check.get("max_abs_err"), check.get("error_ratio"))
+        self.verdict.trials.append(result)
+        self._outputs_path(index).unlink(missing_ok=True)
+        if not result.passed:
+            weights = [n for n in self.verdict.notes if n.startswith("weights:")]
+            raise _Stop(Status.INCORRECT, f"trial {index} ({kind}): {result.message}"
+                        + "".join(f"\n{n}" for n in weights))
 
     def _raise_on_violations(self, reply: dict[str, Any]) -> None:
         violations = [Violation(str(v["code"]), str(v["message"])) for v in reply.get("violations", [])]
@@ -363,6 +378,9 @@ class _Evaluation:
     # -- worker calls ------------------------------------------------------------------------
     def _inputs_path(self, index: int) -> Path:
         return self.scratch / "io" / f"inputs_{index}.bin"
+
+    def _outputs_path(self, index: int) -> Path:
+        return self.scratch / "out" / f"outputs_{index}.bin"
 
     def _ask_reference(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
         assert self.slot is not None and self.slot.reference is not None
