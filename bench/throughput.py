@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -55,17 +55,17 @@ def evaluate_jobs(jobs: list[Job], config: EvalConfig, build_parallel: int, budg
 
     The one place to switch to the shared worker pool (``cuda_agent.pool`` / ``cuda_agent.scale``
     on the ``evaluate`` branch) once merged: it takes the same (task, solution) jobs and config
-    and returns the verdicts in order. Here: ``build_parallel`` builds at a time in threads (each
-    a compile child), and one evaluation at a time (exclusive GPU) from prestarted worker slots.
-    Stops starting evaluations when ``budget`` is spent.
+    and returns (job, verdict) pairs. Here: ``build_parallel`` builds at a time in threads (each a
+    compile child), and one evaluation at a time (exclusive GPU) from prestarted worker slots, in
+    the order the builds finish. Stops starting evaluations when ``budget`` is spent.
     """
     results = []
     with ThreadPoolExecutor(max_workers=build_parallel) as builders, Prestarter(config) as prestarted:
-        builds: list[Future] = [builders.submit(_build_quietly, job, config) for job in jobs]
-        for job, build in zip(jobs, builds):
+        builds = {builders.submit(_build_quietly, job, config): job for job in jobs}
+        for build in as_completed(builds):
             if budget.spent():
                 break
-            build.result()  # the evaluation below then hits the build cache
+            job = builds[build]  # built: the evaluation below hits the build cache
             results.append((job, evaluate(load_task(job.task_path), job.solution, config, prestarted=prestarted)))
         for build in builds:
             build.cancel()
@@ -168,7 +168,7 @@ def main() -> None:
     parser.add_argument("--candidates", type=int, default=30, help="distinct candidates through cuda-agent")
     parser.add_argument("--baseline-candidates", type=int, default=6, help="the first ones through the baseline")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS))
-    parser.add_argument("--build-parallel", type=int, default=0, help="builds at once (default: cores / 4, >= 1)")
+    parser.add_argument("--build-parallel", type=int, default=0, help="builds at once (default: cores / 3, >= 1)")
     parser.add_argument("--time-budget-s", type=float, default=540.0,
                         help="whole run; the baseline gets up to 40%% of what is left after preparing")
     parser.add_argument("--cache-dir", type=Path, default=None, help="build/baseline cache (default: a fresh one)")
@@ -182,7 +182,7 @@ def main() -> None:
     config = EvalConfig(device=args.device, cache_dir=args.cache_dir or workspace / "cache")
     config = replace(config, build=replace(config.build, max_jobs=min(4, os.cpu_count() or 1)),
                      timing=SMOKE_TIMING if args.smoke else config.timing)
-    build_parallel = args.build_parallel or max(1, (os.cpu_count() or 1) // 4)
+    build_parallel = args.build_parallel or max(1, (os.cpu_count() or 1) // 3)  # ~3 busy cores per build
     tasks = [t for t in args.tasks if sample_solution(args.device, t, "single").exists()]
     jobs = [Job(EXAMPLES / "tasks" / f"{tasks[i % len(tasks)]}.py",
                 make_variant(sample_solution(args.device, tasks[i % len(tasks)], "single"), i, workspace))
