@@ -95,9 +95,11 @@ class WorkerSlot:
 
     def close(self) -> None:
         """Stop both workers (and everything they started), free the lease, remove the scratch."""
-        for worker in (self.candidate, self.reference):
-            if worker is not None:
-                worker.close()
+        workers = [w for w in (self.candidate, self.reference) if w is not None]
+        for worker in workers:
+            worker.ask_to_exit()  # both interpreters shut down at once
+        for worker in workers:
+            worker.close()
         if self.lease is not None:
             self.lease.release()
         shutil.rmtree(self.scratch, ignore_errors=True)

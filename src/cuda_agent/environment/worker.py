@@ -220,14 +220,21 @@ class WorkerProcess:
                 pass
         self._to_child_w = self._from_child_r = -1
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Ask the worker to exit, then make sure it and its process group are gone."""
+    def ask_to_exit(self) -> None:
+        """Tell the worker to exit, without waiting (several workers then shut down at once)."""
         if self.proc.poll() is None and self._to_child_w >= 0:
             try:
                 os.write(self._to_child_w, b'{"op": "exit"}\n')
-                self.proc.wait(timeout=timeout_s)
-            except (OSError, subprocess.TimeoutExpired):
+            except OSError:
                 pass
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask the worker to exit, then make sure it and its process group are gone."""
+        self.ask_to_exit()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
         self.kill()
 
 
