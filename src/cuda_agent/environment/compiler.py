@@ -55,6 +55,7 @@ class Toolchain:
     cuda_cflags: tuple[str, ...]  # torch's nvcc flags (one -gencode per TORCH_CUDA_ARCH_LIST entry)
     ldflags: tuple[str, ...]
     fingerprint: str  # compiler versions and flags: part of every cache key
+    cxx_fingerprint: str  # the C++ compiler's version and flags only: the precompiled header's key
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,9 @@ def torch_toolchain(with_cuda: bool) -> Toolchain:
     versions = [_version_of(cxx)] + ([_version_of(nvcc)] if nvcc else [])
     fingerprint = hashlib.sha256("\n".join([*versions, *cflags, "|", *cuda_cflags, "|",
                                             *variables.get("ldflags", "").split()]).encode()).hexdigest()
-    return Toolchain(cxx, nvcc, cflags, cuda_cflags, tuple(shlex.split(variables.get("ldflags", ""))), fingerprint)
+    cxx_fingerprint = hashlib.sha256("\n".join([versions[0], *cflags]).encode()).hexdigest()
+    return Toolchain(cxx, nvcc, cflags, cuda_cflags, tuple(shlex.split(variables.get("ldflags", ""))), fingerprint,
+                     cxx_fingerprint)
 
 
 def _takes_sycl() -> bool:
@@ -236,7 +239,7 @@ class ExtensionCompiler:
         """``<cache>/pch/<key>/`` holding ``torch/extension.h.gch`` (built here on first use, under
         a lock) beside the wrapper header it was compiled from; None when it cannot be built."""
         assert self.pch_flags is not None
-        key = hashlib.sha256((self.toolchain.fingerprint + "\0".join(self.pch_flags)).encode()).hexdigest()[:32]
+        key = hashlib.sha256((self.toolchain.cxx_fingerprint + "\0".join(self.pch_flags)).encode()).hexdigest()[:32]
         directory = self.cache_dir / "pch" / key
         gch = directory / (PCH_HEADER + ".gch")
         directory.mkdir(parents=True, exist_ok=True)

@@ -120,20 +120,24 @@ def _inline_units(arguments: dict[str, Any], out_dir: Path) -> list[Unit]:
         defs = "\n".join(f'm.def("{f}", {"torch::wrap_pybind_function(" + f + ")" if wrap else f}, "{doc}");'
                          for f, doc in named.items())
         cpp += f"\n\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{defs}\n}}\n"
-    cpp_flags = tuple(_as_list(arguments.get("extra_cflags")))
+    cpp_flags = _flags(arguments.get("extra_cflags"))
     units = [_write(out_dir / "main.cpp", _INLINE_CPP_HEADER + cpp, cpp_flags)]
     cuda = _as_list(arguments.get("cuda_sources"))
     if cuda:
         units.append(_write(out_dir / "cuda.cu", _INLINE_CUDA_HEADER + "\n".join(cuda),
-                            tuple(_as_list(arguments.get("extra_cuda_cflags")))))
+                            _flags(arguments.get("extra_cuda_cflags"))))
     return units
 
 
 def _file_units(arguments: dict[str, Any]) -> list[Unit]:
-    cpp_flags = tuple(_as_list(arguments.get("extra_cflags")))
-    cuda_flags = tuple(_as_list(arguments.get("extra_cuda_cflags")))
+    cpp_flags, cuda_flags = _flags(arguments.get("extra_cflags")), _flags(arguments.get("extra_cuda_cflags"))
     return [Unit(Path(s).resolve(), cuda_flags if str(s).endswith(".cu") else cpp_flags)
             for s in _as_list(arguments["sources"])]
+
+
+def _flags(value: Any) -> tuple[str, ...]:
+    """A flag list as torch uses it (stripped, empty entries dropped: ``[""]`` is no flag)."""
+    return tuple(f.strip() for f in _as_list(value) if f.strip())
 
 
 def _write(path: Path, text: str, flags: tuple[str, ...]) -> Unit:
