@@ -136,7 +136,8 @@ class TimingConfig:
     analytical shortcut could exploit). The reference reproduces them to check audited calls."""
     batch_min_ms: float = 1.0
     """A timed sample is a batch of back-to-back calls between two device-wide synchronisations,
-    as many as make the batch last at least this long (from the warm-up's fastest call), so the
+    as many as make the batch last at least this long (sized from the warm-up's fastest call, then
+    once more from one untimed batch), so the
     synchronisation latency does not swamp µs kernels; 0 = one call per sample. Batching is used
     only while the static guards forbid side streams (otherwise consecutive calls could overlap on
     streams of their own): the evaluator then times with one call per sample."""

@@ -181,8 +181,13 @@ def measure(fn: Call, timer: Timer, config: TimingConfig,
         args = arg_sets(1)  # timed like the samples, so the flush and syncs warm up too
         elapsed, outputs = timer.time_calls(fn, args)
         warmup_ms.append(elapsed)
-    calls = batch_size(min(warmup_ms), tree_bytes(args) + tree_bytes(outputs), config)
+    call_bytes = tree_bytes(args) + tree_bytes(outputs)
     del args, outputs
+    calls = batch_size(min(warmup_ms), call_bytes, config)
+    if calls > 1:  # a single call's time includes a whole synchronisation: size again from one batch
+        elapsed, outputs = timer.time_calls(fn, arg_sets(calls))
+        del outputs
+        calls = batch_size(elapsed / calls, call_bytes, config)
     samples: list[float] = []
     deadline = time.monotonic() + config.budget_s
     while True:
