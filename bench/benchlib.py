@@ -10,6 +10,7 @@ import json
 import os
 import platform
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -73,12 +74,16 @@ def sample_solution(device: str, task: str, layout: str) -> Path:
     return EXAMPLES / "solutions" / f"{device}_workdir" / task
 
 
+RUN_ID = secrets.token_hex(4)
+"""Part of every variant's sources: variants of one run, or of two runs on one cache, never match."""
+
+
 def make_variant(solution: Path, index: int, workspace: Path) -> Path:
     """A copy of ``solution`` in which every compiled source differs from every other variant's
     (a distinct constant in each translation unit), so neither the build cache nor the object
     cache can serve it; the kernels compute the same thing. Extension names get the index too,
     so a harness keyed by name (torch's JIT builder) cannot reuse a build either."""
-    marker = f"static constexpr int cuda_agent_bench_variant_{index} = {index};\n"
+    marker = f"static constexpr int cuda_agent_bench_variant_{RUN_ID}_{index} = {index};\n"
     if solution.is_file():
         target = workspace / f"{solution.stem}_v{index}.py"
         text = KERNEL_SOURCE.sub(lambda m: m.group(0) + "\n" + marker, solution.read_text())
