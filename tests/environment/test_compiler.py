@@ -3,6 +3,7 @@ real rebuild that recompiles only the edited unit."""
 
 from __future__ import annotations
 
+import secrets
 import shutil
 from pathlib import Path
 
@@ -62,12 +63,12 @@ def test_rebuild_after_a_kernel_edit_compiles_only_the_edited_unit(tmp_path: Pat
     """Two cold builds of the CPU ReLU workdir that differ in relu.cpp only: the second takes the
     binding's and the generated module's objects from the cache; units that include
     torch/extension.h first use the precompiled header."""
-    stats = []
+    stats, run = [], secrets.token_hex(8)  # new sources even on a cache kept between test runs
     for edit in ("first", "second"):
         root = tmp_path / edit
         shutil.copytree(EXAMPLES / "solutions" / "cpu_workdir" / "relu", root)
         kernel = root / "kernels" / "relu.cpp"
-        kernel.write_text(kernel.read_text() + f"\n// edit {edit} of {tmp_path.name}\n")
+        kernel.write_text(kernel.read_text() + f"\n// edit {edit} of {run}\n")
         built = build_solution(load_solution(root), "cpu", BuildConfig(), session_cache_dir)
         assert not built.info.cached
         stats.append(built.info.compile_stats)
