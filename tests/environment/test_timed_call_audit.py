@@ -9,14 +9,11 @@ import torch
 
 from cuda_agent.environment.candidate_worker import TimedCallAudit
 from cuda_agent.environment.loading import copy_tree_into
-from cuda_agent.environment.timing import FreshInputs
 
 
-def _run(audit: TimedCallAudit, calls: FreshInputs, outputs: list) -> None:
+def _run(audit: TimedCallAudit, outputs: list) -> None:
     for out in outputs:
-        calls.next()
-        calls.last_output = out
-        audit()
+        audit(audit.seen + 1, out)
 
 
 def _buffer_addresses(audit: TimedCallAudit) -> set[int]:
@@ -27,19 +24,17 @@ def _buffer_addresses(audit: TimedCallAudit) -> set[int]:
 def test_every_call_is_audited_with_the_same_probability() -> None:
     counts = [0] * 10
     for seed in range(3000):
-        calls = FreshInputs([torch.zeros(1)], 2**-7, seed)
-        audit = TimedCallAudit(calls, 3, random.Random(seed))
-        _run(audit, calls, [torch.full((2,), float(i)) for i in range(10)])
+        audit = TimedCallAudit(3, random.Random(seed))
+        _run(audit, [torch.full((2,), float(i)) for i in range(10)])
         for call, _ in audit.kept:
             counts[call - 1] += 1
     assert all(abs(c / 3000 - 0.3) < 0.04 for c in counts), counts  # 3 of 10, first calls not favoured
 
 
 def test_audited_outputs_are_copies_taken_when_the_call_returned() -> None:
-    calls = FreshInputs([torch.zeros(1)], 2**-7, 0)
-    audit = TimedCallAudit(calls, 2, random.Random(1))
+    audit = TimedCallAudit(2, random.Random(1))
     outputs = [torch.full((4,), float(i)) for i in range(6)]
-    _run(audit, calls, outputs)
+    _run(audit, outputs)
     for out in outputs:
         out.fill_(-1.0)  # a candidate rewriting its outputs later does not change what was captured
     assert len(audit.kept) == 2
@@ -49,19 +44,17 @@ def test_audited_outputs_are_copies_taken_when_the_call_returned() -> None:
 
 
 def test_buffers_are_allocated_once_and_reused_by_every_call() -> None:
-    calls = FreshInputs([torch.zeros(1)], 2**-7, 0)
-    audit = TimedCallAudit(calls, 3, random.Random(2))
-    _run(audit, calls, [(torch.randn(8), torch.randn(2, 3))])
+    audit = TimedCallAudit(3, random.Random(2))
+    _run(audit, [(torch.randn(8), torch.randn(2, 3))])
     first = _buffer_addresses(audit)
     assert len(first) == 2 * 4  # size + 1 buffers, two tensors each
-    _run(audit, calls, [(torch.randn(8), torch.randn(2, 3)) for _ in range(50)])
+    _run(audit, [(torch.randn(8), torch.randn(2, 3)) for _ in range(50)])
     assert _buffer_addresses(audit) == first
 
 
 def test_outputs_that_change_shape_are_still_captured() -> None:
-    calls = FreshInputs([torch.zeros(1)], 2**-7, 0)
-    audit = TimedCallAudit(calls, 1, random.Random(0))
-    _run(audit, calls, [torch.ones(3)] + [torch.ones(5)] * 20)
+    audit = TimedCallAudit(1, random.Random(0))
+    _run(audit, [torch.ones(3)] + [torch.ones(5)] * 20)
     (call, kept), = audit.kept
     assert kept.shape == ((3,) if call == 1 else (5,))
 

@@ -9,20 +9,22 @@ import pytest
 import torch
 
 from cuda_agent.environment.config import TimingConfig
-from cuda_agent.environment.timing import CpuTimer, FreshInputs, Timer, call_seed, measure, perturbed, summarize
+from cuda_agent.environment.timing import (
+    CpuTimer, FreshInputs, Timer, batch_size, call_seed, measure, perturbed, summarize,
+)
 
 
 class ScriptedTimer(Timer):
-    """Returns pre-set durations instead of measuring, and counts the timed calls."""
+    """Makes the calls but returns pre-set durations per call instead of measuring; counts batches."""
 
     def __init__(self, samples_ms):
         self.samples_ms = list(samples_ms)
-        self.calls = 0
+        self.batches = 0
 
-    def time_call(self, fn) -> float:
-        fn()
-        self.calls += 1
-        return self.samples_ms[(self.calls - 1) % len(self.samples_ms)]
+    def time_calls(self, fn, arg_sets):
+        outputs = [fn(*args) for args in arg_sets]
+        self.batches += 1
+        return self.samples_ms[(self.batches - 1) % len(self.samples_ms)] * len(arg_sets), outputs
 
 
 def test_summarize_matches_the_statistics_module() -> None:
@@ -38,7 +40,7 @@ def test_summarize_matches_the_statistics_module() -> None:
 def test_measure_stops_at_min_samples_when_precise_enough() -> None:
     calls = []
     timer = ScriptedTimer([1.0])
-    config = TimingConfig(warmup_calls=2, warmup_ms=0, min_samples=4, budget_s=10)
+    config = TimingConfig(warmup_calls=2, warmup_ms=0, min_samples=4, budget_s=10, batch_min_ms=0)
     stats = measure(lambda: calls.append(1), timer, config)
     assert stats.n == 4 and stats.median_ms == 1.0 and not stats.budget_exhausted
     assert len(calls) == 2 + 4  # warm-up calls are made but not counted in the statistics
@@ -73,7 +75,8 @@ def test_measure_stops_on_the_budget_and_flags_it() -> None:
 def test_cpu_timer_measures_milliseconds() -> None:
     import time
 
-    elapsed = CpuTimer().time_call(lambda: time.sleep(0.02))
+    elapsed, outputs = CpuTimer().time_calls(lambda s: time.sleep(s) or s, [(0.02,)])
+    assert outputs == [0.02]
     assert 19 <= elapsed < 200
 
 
@@ -91,13 +94,41 @@ def test_perturbed_inputs_are_reproducible_per_seed_and_keep_signs_and_non_float
 def test_fresh_inputs_draw_a_new_seed_per_call() -> None:
     x = torch.ones(64)
     fresh = FreshInputs([x], 2**-7, seed=11)
-    first, second = fresh.next()[0], fresh.next()[0]
+    first, second = fresh.for_call(1)[0], fresh.for_call(2)[0]
     assert not torch.equal(first, second)
     assert torch.equal(second, perturbed([x], 2**-7, call_seed(11, 2))[0])
 
 
-def test_after_sample_runs_once_per_timed_sample_outside_the_warmup() -> None:
-    config = TimingConfig(warmup_calls=2, warmup_ms=0, min_samples=5, max_samples=5, target_rel_std_err=0.001)
+def test_after_call_sees_every_timed_call_in_order_outside_the_warmup() -> None:
+    config = TimingConfig(warmup_calls=2, warmup_ms=0, min_samples=5, max_samples=5, target_rel_std_err=0.001,
+                          batch_min_ms=0)
     seen = []
-    stats = measure(lambda: None, ScriptedTimer([1.0, 2.0]), config, after_sample=lambda: seen.append(1))
-    assert len(seen) == stats.n == 5
+    stats = measure(lambda x: x * 10, ScriptedTimer([1.0, 2.0]), config, prepare=lambda n: (n,),
+                    after_call=lambda n, out: seen.append((n, out)))
+    assert stats.n == 5 and stats.calls_per_sample == 1
+    assert seen == [(n, n * 10) for n in range(3, 8)]  # calls 1 and 2 were the warm-up
+
+
+def test_short_calls_are_timed_in_batches_long_enough_for_batch_min_ms() -> None:
+    config = TimingConfig(warmup_calls=2, warmup_ms=0, min_samples=4, max_samples=4, batch_min_ms=1.0)
+    timer, seen = ScriptedTimer([0.01]), []
+    stats = measure(lambda x: x, timer, config, prepare=lambda n: (n,), after_call=lambda n, out: seen.append(out))
+    assert stats.calls_per_sample == 100 and stats.n == 4
+    assert stats.median_ms == pytest.approx(0.01)  # a sample is the batch's time per call
+    # 2 warm-up calls, one untimed batch to size the batches again, then 4 timed batches
+    assert timer.batches == 2 + 1 + 4 and seen == list(range(103, 103 + 400))
+
+
+@pytest.mark.parametrize(("call_ms", "call_bytes", "expected"), [
+    (2.0, 1, 1),            # longer than a batch: one call per synchronisation
+    (0.01, 1, 100),         # 1 ms of 10 µs calls
+    (0.0001, 1, 256),       # capped by batch_max_calls
+    (0.01, 2**20 * 40, 25), # capped by batch_mem_mb (1000 MB / 40 MB per call)
+])
+def test_batch_size_follows_duration_count_and_memory_caps(call_ms, call_bytes, expected) -> None:
+    config = TimingConfig(batch_min_ms=1.0, batch_max_calls=256, batch_mem_mb=1000)
+    assert batch_size(call_ms, call_bytes, config) == expected
+
+
+def test_batching_off_times_one_call_per_sample() -> None:
+    assert batch_size(0.001, 1, TimingConfig(batch_min_ms=0)) == 1

@@ -35,3 +35,26 @@ def test_cuda_sample_solution_is_correct_and_rewarded(run_evaluation, make_cuda_
     assert all(t.passed for t in verdict.trials), [t.message for t in verdict.trials if not t.passed]
     assert verdict.candidate_ms > 0 and verdict.eager_ms > 0
     assert verdict.environment.get("gpu")
+
+
+def test_cold_cuda_builds_take_the_lean_path(run_evaluation, make_cuda_config, tmp_path: Path) -> None:
+    """A fresh copy of each layout: the binding / generated C++ unit uses the precompiled header and
+    the .cu unit compiles with nvcc's front ends side by side (not silently the slow way)."""
+    import secrets
+    import shutil
+
+    run = secrets.token_hex(8)  # new sources even on a cache kept between test runs
+    single = tmp_path / "relu.py"
+    source = (EXAMPLES / "solutions" / "cuda" / "relu.py").read_text()
+    single.write_text(source.replace('cuda_source = r"""', f'cuda_source = r"""\n// {run}\n', 1))
+    workdir = tmp_path / "relu"
+    shutil.copytree(EXAMPLES / "solutions" / "cuda_workdir" / "relu", workdir)
+    kernel = workdir / "kernels" / "relu.cu"
+    kernel.write_text(kernel.read_text() + f"\n// {run}\n")
+    for solution in (single, workdir):
+        verdict = run_evaluation(EXAMPLES / "tasks" / "relu.py", solution, make_cuda_config())
+        assert verdict.status is Status.CORRECT, verdict.error
+        stats = verdict.build.compile_stats
+        print(solution.name, f"{verdict.build.seconds:.1f} s", stats)
+        assert not verdict.build.cached and stats["phased_cuda_units"] == 1, stats
+        assert stats["pch_units"] + stats["object_cache_hits"] >= 1, stats

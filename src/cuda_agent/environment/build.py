@@ -31,6 +31,8 @@ BUILD_FAILED_FILE = "BUILD_FAILED.json"
 """Written when the compiler rejected the sources: the same sources and toolchain fail the same way,
 so a later build of that key (a pool's compile stage, then its evaluation; a resubmitted candidate)
 reports the recorded error at once instead of compiling again. Timeouts are never recorded."""
+BUILD_PATH_VERSION = "lean-1"
+"""Changes whenever the build child's compile path does (part of every build key)."""
 
 
 class CompileError(RuntimeError):
@@ -59,7 +61,8 @@ def toolchain_fingerprint(device: Device, config: BuildConfig) -> str:
     except importlib.metadata.PackageNotFoundError:
         torch_version = "none"
     parts = [
-        torch_version, sys.version, platform.machine(), device, config.cuda_arch,
+        BUILD_PATH_VERSION, torch_version, sys.version, platform.machine(), device, config.cuda_arch,
+        str(config.precompiled_header), str(config.lean),
         " ".join(config.extra_cflags), " ".join(config.extra_cuda_cflags),
         os.environ.get("CXX", ""), os.environ.get("CUDA_HOME", ""),
     ]
@@ -95,14 +98,15 @@ def build_solution(solution: Solution, device: Device, config: BuildConfig, cach
         if recorded is not None:
             raise CompileError(f"{recorded['message']} (recorded by an earlier build of identical sources)",
                                recorded["log_tail"])
-        log_tail = _run_compile_child(solution, device, config, build_dir, extensions_dir)
-    info = BuildInfo(cached=False, seconds=time.monotonic() - started, key=key, log_tail=log_tail)
+        log_tail, compile_stats = _run_compile_child(solution, device, config, build_dir, extensions_dir)
+    info = BuildInfo(cached=False, seconds=time.monotonic() - started, key=key, log_tail=log_tail,
+                     compile_stats=compile_stats)
     return BuiltSolution(solution, build_dir, extensions_dir, info)
 
 
 def _run_compile_child(
     solution: Solution, device: Device, config: BuildConfig, build_dir: Path, extensions_dir: Path
-) -> str:
+) -> tuple[str, dict[str, int]]:
     if extensions_dir.exists():  # leftovers of a failed or killed build
         shutil.rmtree(extensions_dir)
     extensions_dir.mkdir()
@@ -119,6 +123,10 @@ def _run_compile_child(
         "extra_cflags": list(config.extra_cflags),
         "extra_cuda_cflags": list(config.extra_cuda_cflags),
         "result_path": str(result_path),
+        "cache_dir": str(build_dir.parents[2]),  # <cache>: objects and precompiled headers live beside build/
+        "jobs": config.max_jobs or os.cpu_count() or 1,
+        "pch": config.precompiled_header,
+        "lean": config.lean,
     }
     spec_path = build_dir / "spec.json"
     spec_path.write_text(json.dumps(spec))
@@ -159,10 +167,10 @@ def _run_compile_child(
         # Killed by a signal with no failed compile recorded: module-level candidate code crashed
         # while being imported. Not a compile error; the candidate worker's import will report it.
         result = {"import_error": f"build process {signal_name(proc.returncode)} while importing the solution"}
-    elif result is None:
+    elif result is None or proc.returncode != 0:  # the build child itself failed: nothing to cache
         raise CompileError(f"build process exited ({proc.returncode}) without a result", _tail(log_text, config.log_tail_lines))
     (build_dir / BUILD_OK_FILE).write_text(json.dumps({"import_error": result.get("import_error")}))
-    return _tail(log_text, config.log_tail_lines)
+    return _tail(log_text, config.log_tail_lines), dict(result.get("compile_stats") or {})
 
 
 def _read_result(path: Path) -> dict | None:

@@ -22,7 +22,9 @@ from cuda_agent.environment.aten_ops import compute_ops, recorded_aten_ops
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.extension_calls import ExtensionCallCounter
 from cuda_agent.environment.integrity import HarnessSnapshot
-from cuda_agent.environment.loading import clone_tree, copy_tree_into, import_file, seed_all, storage_span, tensors_in
+from cuda_agent.environment.loading import (
+    clone_tree, copy_tree_into, import_file, seed_all, shares_storage, storage_span, tensors_in,
+)
 from cuda_agent.environment.solution import EXTENSION_NAME
 from cuda_agent.environment.timing import FreshInputs, make_timer, measure
 from cuda_agent.environment.worker import serve
@@ -61,6 +63,7 @@ class CandidateWorker:
         self.device = msg["device"]
         if self.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
+        self._extension.extensions_dir = Path(msg["extensions_dir"])
         if msg["layout"] == "workdir":
             sys.path.insert(0, msg["extensions_dir"])  # where the protected build put cuda_extension
             self._extension.preload(EXTENSION_NAME)
@@ -139,18 +142,25 @@ class CandidateWorker:
 
         Fresh values defeat caching on input identity or content; holding the previous output alive
         and comparing storages catches a forward that hands back the same tensor every time; the
-        audited calls' outputs, captured as soon as the timer stops, go to the reference for checking.
+        audited calls' outputs, captured as soon as their batch is timed, go to the reference for
+        checking.
         """
         assert self.model is not None
         config = TimingConfig(**msg["timing"])
         inputs = tensor_io.load(Path(msg["inputs_path"]), self.device)
         timer = make_timer(self.device, config, host_clock=msg.get("host_clock", False))
         calls = FreshInputs(inputs, config.input_noise, msg["noise_seed"])
-        audit = TimedCallAudit(calls, msg["audits"], random.Random(msg["audit_seed"]))
+        audit = TimedCallAudit(msg["audits"], random.Random(msg["audit_seed"]))
+        reuse = OutputReuse()
+
+        def after_call(call: int, outputs: Any) -> None:
+            reuse(outputs)
+            audit(call, outputs)
+
         with torch.no_grad():
-            stats = measure(self._call_recording_output(calls), timer, config, prepare=calls.next, after_sample=audit)
+            stats = measure(self.model, timer, config, prepare=calls.for_call, after_call=after_call)
         violations = self._tampering() + audit.violations
-        if calls.reused_output:
+        if reuse.found:
             violations.append({"code": "output-reused",
                                "message": "forward() returned storage it had already returned for an earlier call"})
         audited = []
@@ -160,18 +170,25 @@ class CandidateWorker:
             audited.append({"call": call, "path": str(path)})
         return {"stats": stats.__dict__, "violations": violations, "audited": audited}
 
-    def _call_recording_output(self, calls: FreshInputs):
-        model = self.model
 
-        def call(*args):
-            calls.last_output = model(*args)
+class OutputReuse:
+    """Whether a timed call returned storage the previous call returned (kept alive until then, so
+    the allocator cannot hand the same memory out twice to an honest forward)."""
 
-        return call
+    def __init__(self) -> None:
+        self.previous: Any = None
+        self.found = False
+
+    def __call__(self, outputs: Any) -> None:
+        if self.previous is not None and shares_storage(outputs, self.previous):
+            self.found = True
+        self.previous = outputs
 
 
 class TimedCallAudit:
-    """A uniform random sample (reservoir) of ``size`` timed calls, outputs captured right after the
-    timer stopped: a candidate cannot tell an audited call from any other until it has returned.
+    """A uniform random sample (reservoir) of ``size`` timed calls, outputs captured right after
+    their batch was timed: a candidate cannot tell an audited call from any other until it has
+    returned.
 
     Nor afterwards: every timed call's outputs are copied into one of ``size + 1`` buffers that are
     all allocated at the first timed call, so audited and unaudited calls leave the allocator in the
@@ -179,20 +196,19 @@ class TimedCallAudit:
     the calls after an audit, so the audit saw honest outputs while the others were stale.)
     """
 
-    def __init__(self, calls: FreshInputs, size: int, rng: random.Random) -> None:
-        self.calls, self.size, self.rng = calls, size, rng
+    def __init__(self, size: int, rng: random.Random) -> None:
+        self.size, self.rng = size, rng
         self.seen = 0
         self.kept: list[tuple[int, Any]] = []
         self.violations: list[dict[str, str]] = []
         self._spares: list[Any] | None = None
         self._threads = threading.active_count()
 
-    def __call__(self) -> None:
+    def __call__(self, call: int, outputs: Any) -> None:
         self.seen += 1
         if threading.active_count() > self._threads and not self.violations:
             self.violations.append({"code": "thread-left-running",
                                     "message": "a timed forward() left Python threads running after it returned"})
-        outputs = self.calls.last_output
         if self._spares is None:
             self._spares = [clone_tree(outputs) for _ in range(self.size + 1)]
         spare = self._spares.pop()
@@ -202,10 +218,10 @@ class TimedCallAudit:
         if slot >= self.size:
             self._spares.append(spare)
         elif slot == len(self.kept):
-            self.kept.append((self.calls.count, spare))
+            self.kept.append((call, spare))
         else:
             self._spares.append(self.kept[slot][1])
-            self.kept[slot] = (self.calls.count, spare)
+            self.kept[slot] = (call, spare)
 
 
 def runtime_violations(outputs: Any, inputs: list, pristine: list, device: str) -> list[dict[str, str]]:

@@ -46,6 +46,13 @@ class BuildConfig:
     """Flags for nvcc in the agent-workdir layout's protected build."""
     log_tail_lines: int = 60
     """How many trailing lines of compiler output a failed build reports."""
+    lean: bool = True
+    """Compile through cuda-agent's lean path (docs/performance.md); False: torch's JIT builder
+    (ninja, ``torch/extension.h`` parsed in every unit), as before it, for comparison or as a
+    fallback."""
+    precompiled_header: bool = True
+    """Precompile ``torch/extension.h`` once per toolchain and ``extra_cflags`` (GCC PCH in the
+    cache) and use it for every C++ unit that includes it first with those flags."""
 
     def __post_init__(self) -> None:
         _require(self.timeout_s > 0, f"build.timeout_s must be > 0, got {self.timeout_s}")
@@ -127,6 +134,18 @@ class TimingConfig:
     """Every timed call gets fresh inputs: each floating-point element multiplied by its own random
     factor in ``1 ± input_noise`` (signs and domains kept, values never repeat, no global scale an
     analytical shortcut could exploit). The reference reproduces them to check audited calls."""
+    batch_min_ms: float = 1.0
+    """A timed sample is a batch of back-to-back calls between two device-wide synchronisations,
+    as many as make the batch last at least this long (sized from the warm-up's fastest call, then
+    once more from one untimed batch), so the
+    synchronisation latency does not swamp µs kernels; 0 = one call per sample. Batching is used
+    only while the static guards forbid side streams (otherwise consecutive calls could overlap on
+    streams of their own): the evaluator then times with one call per sample."""
+    batch_max_calls: int = 256
+    """Most calls in one batch."""
+    batch_mem_mb: int = 2048
+    """Most memory a batch may hold: every call's prepared inputs and its outputs until the batch
+    ends."""
 
     def __post_init__(self) -> None:
         _require(self.warmup_calls >= 1, f"timing.warmup_calls must be >= 1, got {self.warmup_calls}")
@@ -142,6 +161,9 @@ class TimingConfig:
         modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
         _require(self.compile_mode in modes, f"timing.compile_mode must be one of {modes}, got {self.compile_mode!r}")
         _require(0 < self.input_noise < 0.5, f"timing.input_noise must be in (0, 0.5), got {self.input_noise}")
+        _require(self.batch_min_ms >= 0, f"timing.batch_min_ms must be >= 0, got {self.batch_min_ms}")
+        _require(self.batch_max_calls >= 1, f"timing.batch_max_calls must be >= 1, got {self.batch_max_calls}")
+        _require(self.batch_mem_mb >= 1, f"timing.batch_mem_mb must be >= 1, got {self.batch_mem_mb}")
 
 
 @dataclass(frozen=True)

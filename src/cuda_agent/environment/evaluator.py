@@ -11,19 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import secrets
 import shutil
-import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.environment import sandbox
 from cuda_agent.environment.baselines import BaselineCache
 from cuda_agent.environment.build import BuiltSolution, CompileError, build_solution
-from cuda_agent.environment.config import EvalConfig
+from cuda_agent.environment.config import EvalConfig, TimingConfig
 from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.reward import milestone_reward
@@ -31,9 +28,9 @@ from cuda_agent.environment.solution import Layout, Solution, SolutionError, loa
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
 from cuda_agent.environment.timing import call_seed
 from cuda_agent.environment.verdict import Status, TimingStats, TrialResult, Verdict, Violation
+from cuda_agent.environment.slots import Prestarter, WorkerSlot
 from cuda_agent.environment.worker import (
-    ForgedReply, RemoteError, WorkerDied, WorkerDiskExceeded, WorkerError, WorkerMemoryExceeded, WorkerProcess,
-    WorkerTimeout, child_env,
+    ForgedReply, RemoteError, WorkerDied, WorkerDiskExceeded, WorkerError, WorkerMemoryExceeded, WorkerTimeout,
 )
 
 logger = logging.getLogger(__name__)
@@ -52,27 +49,23 @@ class _Stop(Exception):
         self.error = error
 
 
-def evaluate(task: Task, solution_path: str | Path, config: EvalConfig | None = None, profile: bool = True) -> Verdict:
+def evaluate(task: Task, solution_path: str | Path, config: EvalConfig | None = None, profile: bool = True,
+             prestarted: Prestarter | None = None) -> Verdict:
     """Evaluate one candidate on one task and return the trusted verdict (never raises for
     anything the candidate or the task does).
 
     ``profile=False`` stops after the correctness trials (no baselines, no timing): a quick check
     for an agent iterating on correctness. Its reward is at most 1, and a note says it was not timed.
+    ``prestarted``: take the workers from there (started and warmed ahead, see
+    :class:`slots.Prestarter`) instead of starting them now.
     """
-    return _Evaluation(task, Path(solution_path), config or EvalConfig(), profile).run()
-
-
-def default_scratch_root() -> Path:
-    """Where evaluations put their temporary files unless ``EvalConfig.scratch_dir`` says otherwise:
-    /dev/shm when writable (inputs and outputs are memory-speed files), else the temp dir."""
-    shm = Path("/dev/shm")
-    if shm.is_dir() and os.access(shm, os.W_OK):
-        return shm
-    return Path(tempfile.gettempdir())
+    config = config or EvalConfig()
+    return _Evaluation(task, Path(solution_path), config, profile, prestarted).run()
 
 
 class _Evaluation:
-    def __init__(self, task: Task, solution_path: Path, config: EvalConfig, profile: bool) -> None:
+    def __init__(self, task: Task, solution_path: Path, config: EvalConfig, profile: bool,
+                 prestarted: Prestarter | None) -> None:
         self.task = task
         self.solution_path = solution_path
         self.config = config
@@ -84,11 +77,8 @@ class _Evaluation:
             precision_policy=self.policy.name, status=Status.SOLUTION_ERROR, device=config.device,
             task=task.id, reward_baseline=self.policy.baseline,
         )
-        self.reference: WorkerProcess | None = None
-        self.candidate: WorkerProcess | None = None
-        self.lease: sandbox.Lease | None = None
-        self.scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=config.scratch_dir or default_scratch_root()))
-        self.scratch.chmod(0o711)  # the sandbox user may enter it, not list it
+        self.prestarted = prestarted
+        self.slot: WorkerSlot | None = None
         self._phase_started = time.monotonic()
 
     # -- driver --------------------------------------------------------------------------------
@@ -100,12 +90,8 @@ class _Evaluation:
         except _Stop as stop:
             self.verdict.status, self.verdict.error = stop.status, stop.error
         finally:
-            for worker in (self.candidate, self.reference):
-                if worker is not None:
-                    worker.close()
-            if self.lease is not None:
-                self.lease.release()
-            shutil.rmtree(self.scratch, ignore_errors=True)
+            if self.slot is not None:
+                self.slot.close()
             self.verdict.phase_seconds["total"] = time.monotonic() - started
         self.verdict.correct = self.verdict.status is Status.CORRECT
         self.verdict.reward = milestone_reward(self.verdict.correct, self.verdict.speedup_vs_eager,
@@ -116,13 +102,21 @@ class _Evaluation:
         solution = self._load_inputs()
         with ThreadPoolExecutor(max_workers=1) as pool:
             build = pool.submit(build_solution, solution, self.config.device, self.config.build, self.config.cache_dir)
-            self._start_reference()
-            self._start_candidate(solution)  # its interpreter starts while the build runs
-            trials = self._prepare_trials()
+            self._take_slot()  # a cold start's interpreters start while the build runs
+            self._lay_out(solution)
+            self._load_reference()
+            self.verdict.environment["sandbox"] = self.slot.lease.describe()
+            trials = None if build.done() else self._prepare_trials()  # while the build runs
             built = self._finish_build(build)
         self._phase("prepare")
-        baselines = self._baselines() if self.profile else {}
-        self._load_candidate(built)
+        baselines = self._baselines() if self.profile else {}  # before any candidate code runs
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            # The reference makes the input sets while the candidate loads; this thread keeps
+            # watching the candidate's limits.
+            pending = pool.submit(self._prepare_trials) if trials is None else None
+            self._load_candidate(built)
+            trials = trials if pending is None else pending.result()
+        self._phase("load")
         self._verify(trials)
         self._phase("verify")
         if not self.profile:
@@ -139,6 +133,11 @@ class _Evaluation:
         self._phase_started = now
 
     # -- phases --------------------------------------------------------------------------------
+    @property
+    def scratch(self) -> Path:
+        assert self.slot is not None
+        return self.slot.scratch
+
     def _load_inputs(self) -> Solution:
         try:
             check_source(self.task.code, self.task.origin)
@@ -154,60 +153,37 @@ class _Evaluation:
             if violations:
                 self.verdict.violations.extend(violations)
                 raise _Stop(Status.GUARD_VIOLATION, "; ".join(v.message for v in violations[:5]))
-        task_dir = self.scratch / "task"
-        task_dir.mkdir(mode=0o755)
-        self.task_file = task_dir / "model.py"
-        self.task_file.write_text(self.task.code)
-        self.task_file.chmod(0o444)
-        (self.scratch / "io").mkdir(mode=0o755)  # inputs: written by the reference, read-only to the candidate
         return solution
 
-    def _sandbox_candidate_files(self, solution: Solution) -> Path:
-        """Lease the sandbox and lay out what the candidate may read (a root-owned copy of the
-        solution's Python files) and write (its workdir and its outputs folder)."""
-        self.lease = sandbox.acquire(self.config.sandbox, self.config.device, self.scratch)  # SandboxError: bad config, raised
-        self.verdict.environment["sandbox"] = self.lease.describe()
+    def _take_slot(self) -> None:
+        """Workers, scratch folder and sandbox lease: prestarted ones when there are, else new."""
+        if self.prestarted is not None:
+            self.slot = self.prestarted.take(self.config)
+        self.verdict.environment["prestarted"] = self.slot is not None
+        if self.slot is None:
+            self.slot = WorkerSlot(self.config)
+        self._phase("workers")
+
+    def _lay_out(self, solution: Solution) -> None:
+        """The task file (read-only to everyone) and a root-owned, read-only copy of the solution's
+        Python files for the candidate worker to import."""
+        self.task_file = self.scratch / "task" / "model.py"
+        self.task_file.write_text(self.task.code)
+        self.task_file.chmod(0o444)
         copy = self.scratch / "solution"
-        copy.mkdir(mode=0o755)
         sources = [solution.model_file] if solution.layout is Layout.SINGLE_FILE else sorted(solution.root.glob("*.py"))
         for source in sources:
             shutil.copyfile(source, copy / source.name)
             (copy / source.name).chmod(0o444)
-        for name in ("candidate", "out"):
-            (self.scratch / name).mkdir(mode=0o700)
-            self.lease.give_to_candidate(self.scratch / name)
-        return copy / solution.model_file.name
+        self.candidate_model_file = copy / solution.model_file.name
 
-    def _start_reference(self) -> None:
-        self.reference = WorkerProcess(
-            "cuda_agent.environment.reference_worker", env=child_env(), cwd=self.scratch,
-            log_path=self.scratch / "reference.log",
-        )
+    def _load_reference(self) -> None:
+        environment = self.verdict.environment
         reply = self._ask_reference("load", {
             "task_file": str(self.task_file), "device": self.config.device,
             "init_seed": self.config.verify.init_seed, "precision": self.policy.name,
         })
-        self.verdict.environment = reply["environment"]
-
-    def _start_candidate(self, solution: Solution) -> None:
-        self.candidate_model_file = self._sandbox_candidate_files(solution)
-        workdir = self.scratch / "candidate"
-        user = "cuda-agent-sandbox"  # the sandbox uid has no passwd entry: getpass.getuser() reads these
-        env = child_env({"TORCH_CUDA_ARCH_LIST": self.config.build.cuda_arch, "HOME": str(workdir),
-                         "TMPDIR": str(workdir), "TORCH_EXTENSIONS_DIR": str(self._candidate_extensions_dir),
-                         "USER": user, "LOGNAME": user})
-        preexec = self.lease.preexec(self.config.limits, limit_address_space=self.config.device == "cpu",
-                                     workdir=workdir)
-        self.candidate = WorkerProcess(
-            "cuda_agent.environment.candidate_worker", env=env, cwd=workdir,
-            log_path=self.scratch / "candidate.log", mem_mb=self.config.limits.mem_mb, preexec=preexec,
-            disk_dirs=(workdir, self.scratch / "out", self._candidate_extensions_dir), disk_mb=self.config.limits.disk_mb,
-        )
-
-    @property
-    def _candidate_extensions_dir(self) -> Path:
-        """The candidate's own copy of the built extensions: the build cache is never exposed to it."""
-        return self.scratch / "extensions"
+        self.verdict.environment = {**reply["environment"], **environment}
 
     def _finish_build(self, build) -> BuiltSolution:
         try:
@@ -219,9 +195,8 @@ class _Evaluation:
         self.verdict.compiled = True
         self.verdict.build = built.info
         self.verdict.phase_seconds["build"] = built.info.seconds
-        shutil.copytree(built.extensions_dir, self._candidate_extensions_dir)
-        if self.lease is not None:
-            self.lease.give_to_candidate(self._candidate_extensions_dir)
+        shutil.copytree(built.extensions_dir, self.slot.extensions_dir)
+        self.slot.lease.give_to_candidate(self.slot.extensions_dir)
         return built
 
     def _prepare_trials(self) -> list[tuple[int, str]]:
@@ -261,14 +236,15 @@ class _Evaluation:
             variants += [v.replace("_off", "_on") for v in variants]
         env = self.verdict.environment
         device_key = env.get("gpu") or f"cpu:{env.get('cpu')}:{env.get('threads')}"
-        software = f"torch={env.get('torch')};cuda={env.get('cuda')};compile={self.config.timing.compile_mode}"
+        timing = self._timing
+        software = (f"torch={env.get('torch')};cuda={env.get('cuda')};compile={timing.compile_mode};"
+                    f"batch_min_ms={timing.batch_min_ms:g}")
         cache = BaselineCache(self.config.cache_dir / "baselines.sqlite")
         stats = cache.get(self.task.code_hash, device_key, software, variants)
         missing = [v for v in variants if v not in stats]
         if missing:
             reply = self._ask_reference("baselines", {
-                "variants": missing, "seed": self.config.verify.init_seed,
-                "timing": dataclasses.asdict(self.config.timing),
+                "variants": missing, "seed": self.config.verify.init_seed, "timing": dataclasses.asdict(timing),
             })
             fresh = {v: TimingStats.from_dict(s) for v, s in reply["stats"].items()}
             cache.put(self.task.code_hash, device_key, software, fresh)
@@ -279,31 +255,46 @@ class _Evaluation:
     def _load_candidate(self, built: BuiltSolution) -> None:
         reply = self._ask_candidate("load", {
             "task_file": str(self.task_file), "solution_file": str(self.candidate_model_file),
-            "layout": built.solution.layout.value, "extensions_dir": str(self._candidate_extensions_dir),
+            "layout": built.solution.layout.value, "extensions_dir": str(self.slot.extensions_dir),
             "device": self.config.device, "init_seed": self.config.verify.init_seed,
         }, self.config.limits.candidate_timeout_s)
         self.verdict.notes.extend(reply.get("notes", []))
 
     def _verify(self, trials: list[tuple[int, str] | None]) -> None:
-        for trial in trials:
-            if trial is None:
-                continue
-            index, kind = trial
-            outputs = self.scratch / "out" / f"outputs_{index}.bin"
-            reply = self._ask_candidate("run", {"inputs_path": str(self._inputs_path(index)),
-                                                "outputs_path": str(outputs),
-                                                "require_extension_call": self.config.verify.require_extension_call},
-                                        self.config.limits.candidate_timeout_s, context=f"trial {index} ({kind})")
-            self._raise_on_violations(reply)
-            check = self._ask_reference("check", {"index": index, "path": str(outputs)})
-            result = TrialResult(index, kind, bool(check["passed"]), str(check["message"]),
-                                 check.get("max_abs_err"), check.get("error_ratio"))
-            self.verdict.trials.append(result)
-            outputs.unlink(missing_ok=True)
-            if not result.passed:
-                weights = [n for n in self.verdict.notes if n.startswith("weights:")]
-                raise _Stop(Status.INCORRECT, f"trial {index} ({kind}): {result.message}"
-                            + "".join(f"\n{n}" for n in weights))
+        """The candidate runs each trial and the reference checks it. The check of one trial runs
+        while the candidate runs the next; outcomes are still judged in trial order, exactly as
+        if one followed the other (a failed check wins over anything the next run did)."""
+        checking: tuple[int, str, Future] | None = None
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            for index, kind in [t for t in trials if t is not None]:
+                try:
+                    reply = self._run_trial(index, kind)
+                finally:  # also when the run failed: an earlier wrong result is the verdict
+                    if checking is not None:
+                        self._judge(*checking)
+                        checking = None
+                self._raise_on_violations(reply)
+                checking = (index, kind, pool.submit(self._ask_reference, "check", {
+                    "index": index, "path": str(self._outputs_path(index))}))
+            if checking is not None:
+                self._judge(*checking)
+
+    def _run_trial(self, index: int, kind: str) -> dict[str, Any]:
+        return self._ask_candidate("run", {"inputs_path": str(self._inputs_path(index)),
+                                           "outputs_path": str(self._outputs_path(index)),
+                                           "require_extension_call": self.config.verify.require_extension_call},
+                                   self.config.limits.candidate_timeout_s, context=f"trial {index} ({kind})")
+
+    def _judge(self, index: int, kind: str, checked: Future) -> None:
+        check = checked.result()  # _Stop if the reference failed
+        result = TrialResult(index, kind, bool(check["passed"]), str(check["message"]),
+                             check.get("max_abs_err"), check.get("error_ratio"))
+        self.verdict.trials.append(result)
+        self._outputs_path(index).unlink(missing_ok=True)
+        if not result.passed:
+            weights = [n for n in self.verdict.notes if n.startswith("weights:")]
+            raise _Stop(Status.INCORRECT, f"trial {index} ({kind}): {result.message}"
+                        + "".join(f"\n{n}" for n in weights))
 
     def _raise_on_violations(self, reply: dict[str, Any]) -> None:
         violations = [Violation(str(v["code"]), str(v["message"])) for v in reply.get("violations", [])]
@@ -336,14 +327,25 @@ class _Evaluation:
         """One timing loop in the candidate worker, its audited calls checked by the reference."""
         noise_seed = secrets.randbits(62)
         reply = self._ask_candidate("time", {
-            "inputs_path": str(self._inputs_path(_TIMED_TRIAL)), "timing": dataclasses.asdict(self.config.timing),
+            "inputs_path": str(self._inputs_path(_TIMED_TRIAL)), "timing": dataclasses.asdict(self._timing),
             "noise_seed": noise_seed, "audits": self.config.verify.timed_audits, "audit_seed": secrets.randbits(62),
             "out_dir": str(self.scratch / "out"), "host_clock": host_clock,
         }, self.config.limits.timing_timeout_s, context="timing (host clock)" if host_clock else "timing")
         self._raise_on_violations(reply)
         stats = TimingStats.from_dict(reply["stats"])
-        self._audit_timed_calls(reply.get("audited"), stats.n, noise_seed)
+        self._audit_timed_calls(reply.get("audited"), stats.n * stats.calls_per_sample, noise_seed)
         return stats
+
+    @property
+    def _timing(self) -> TimingConfig:
+        """The timing settings the workers get, the same for baselines and candidate. Batches of
+        back-to-back calls only while the static guards forbid side streams (calls on streams of
+        their own could overlap inside a batch), within a quarter of the candidate's memory limit."""
+        timing = self.config.timing
+        guards = self.config.guards
+        batch_min_ms = timing.batch_min_ms if guards.enabled and not guards.allow_streams else 0.0
+        return dataclasses.replace(timing, batch_min_ms=batch_min_ms,
+                                   batch_mem_mb=max(1, min(timing.batch_mem_mb, self.config.limits.mem_mb // 4)))
 
     def _audit_timed_calls(self, audited: Any, samples: int, noise_seed: int) -> None:
         """Have the reference check the outputs the candidate captured for its audited timed calls.
@@ -384,20 +386,23 @@ class _Evaluation:
     def _inputs_path(self, index: int) -> Path:
         return self.scratch / "io" / f"inputs_{index}.bin"
 
+    def _outputs_path(self, index: int) -> Path:
+        return self.scratch / "out" / f"outputs_{index}.bin"
+
     def _ask_reference(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
-        assert self.reference is not None
+        assert self.slot is not None and self.slot.reference is not None
         try:
-            return self.reference.request({"op": op, **payload}, self.config.limits.task_timeout_s)
+            return self.slot.reference.request({"op": op, **payload}, self.config.limits.task_timeout_s)
         except RemoteError as exc:
             raise _Stop(Status.TASK_ERROR, f"reference '{op}' failed: {exc}\n{exc.traceback}".strip()) from None
         except WorkerError as exc:
             raise _Stop(Status.TASK_ERROR, f"reference worker failed during '{op}': {exc}\n{exc.log_tail}".strip()) from None
 
     def _ask_candidate(self, op: str, payload: dict[str, Any], timeout_s: float, context: str = "") -> dict[str, Any]:
-        assert self.candidate is not None
+        assert self.slot is not None and self.slot.candidate is not None
         where = f"'{op}'" + (f" ({context})" if context else "")
         try:
-            return self.candidate.request({"op": op, **payload}, timeout_s)
+            return self.slot.candidate.request({"op": op, **payload}, timeout_s)
         except RemoteError as exc:
             status = Status.OUT_OF_MEMORY if _is_out_of_memory(exc) else Status.RUNTIME_ERROR
             raise _Stop(status, f"candidate raised during {where}: {exc}\n{_short_traceback(exc.traceback)}".strip()) from None

@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 from typing import Any, Callable
+
+from cuda_agent.environment.prebuilt import prebuilt_loader
 
 
 class ExtensionCallCounter:
@@ -21,13 +24,17 @@ class ExtensionCallCounter:
     def __init__(self) -> None:
         self.calls = 0
         self.modules: list[str] = []
+        self.extensions_dir: Path | None = None
+        """Where the build put the candidate's extensions (set before the candidate is imported)."""
 
     def install(self) -> None:
-        """Route torch's JIT extension builders through :meth:`wrap` (candidate worker only)."""
+        """Route torch's JIT extension builders through :meth:`wrap` (candidate worker only): they
+        import what the protected build compiled (:func:`prebuilt.prebuilt_loader`)."""
         import torch.utils.cpp_extension as cpp_extension
 
         for name in ("load_inline", "load"):
-            cpp_extension.__dict__[name] = self._wrapping(getattr(cpp_extension, name))
+            loader = prebuilt_loader(name, getattr(cpp_extension, name), lambda: self.extensions_dir)
+            cpp_extension.__dict__[name] = self._wrapping(loader)
 
     def preload(self, module_name: str) -> None:
         """Import ``module_name`` now and register its counting proxy in ``sys.modules``."""

@@ -165,7 +165,7 @@ class ReferenceWorker:
             with torch.no_grad(), tf32_enabled(setting == "on"):
                 # The same per-call fresh inputs the candidate is timed with, for a like-for-like cost.
                 fresh = FreshInputs(inputs, config.input_noise, seed=msg["seed"])
-                stats[variant] = measure(model, timer, config, prepare=fresh.next).__dict__
+                stats[variant] = measure(model, timer, config, prepare=fresh.for_call).__dict__
         return {"stats": stats}
 
     def compile(self, msg: dict[str, Any]) -> dict[str, Any]:

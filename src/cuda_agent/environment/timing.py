@@ -1,9 +1,15 @@
 """Timing a callable the same way for baselines and candidates.
 
-Every timed call is bracketed by a device-wide synchronisation, so work a candidate leaves on
-side streams is inside the measurement. On CUDA the L2 cache is flushed (a buffer twice its size
-is overwritten) before each call, so no call runs on data the previous one left in cache. The loop
-repeats until the relative standard error of the mean reaches the target or the budget runs out.
+Every timed sample lies between two device-wide synchronisations, so work a candidate leaves on
+side streams is inside the measurement. A sample is a *batch* of ``k`` back-to-back calls, each on
+its own freshly perturbed inputs prepared before the batch; ``k`` is chosen after the warm-up so
+that a batch lasts at least ``timing.batch_min_ms``, which keeps the synchronisation round trip
+(~20 µs, jittery) from swamping µs-scale kernels. Kernels longer than that get ``k = 1``: one
+call per synchronisation, as before. On CUDA the L2 cache is flushed (a buffer twice its size is
+overwritten) after the batch's inputs were prepared and before the first call, so every call reads
+inputs no earlier call touched; parameters shared by the calls may be L2-resident from the second
+call on (the same for baselines and candidates). The loop repeats until the relative standard
+error of the mean reaches the target or the budget runs out.
 """
 
 from __future__ import annotations
@@ -12,37 +18,40 @@ import math
 import statistics
 import time
 from abc import ABC, abstractmethod
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from cuda_agent.environment.config import TimingConfig
-from cuda_agent.environment.loading import clone_tree, shares_storage
+from cuda_agent.environment.loading import clone_tree, tensors_in
 from cuda_agent.environment.verdict import TimingStats
+
+Call = Callable[..., Any]
 
 
 class Timer(ABC):
-    """Measures one call of ``fn`` in milliseconds, including all work it leaves on the device."""
+    """Measures a batch of calls of ``fn``, one per argument tuple, in milliseconds, including all
+    work they leave on the device; returns the total time and the calls' outputs in order."""
 
     @abstractmethod
-    def time_call(self, fn: Callable[[], object]) -> float: ...
+    def time_calls(self, fn: Call, arg_sets: Sequence[tuple]) -> tuple[float, list]: ...
 
 
 class CpuTimer(Timer):
-    """Host monotonic clock around the call (the CPU backend runs synchronously)."""
+    """Host monotonic clock around the calls (the CPU backend runs synchronously)."""
 
-    def time_call(self, fn: Callable[[], object]) -> float:
+    def time_calls(self, fn: Call, arg_sets: Sequence[tuple]) -> tuple[float, list]:
         start = time.perf_counter_ns()
-        fn()
-        return (time.perf_counter_ns() - start) / 1e6
+        outputs = [fn(*args) for args in arg_sets]
+        return (time.perf_counter_ns() - start) / 1e6, outputs
 
 
 class CudaTimer(Timer):
-    """CUDA events around the call, the end event recorded after a device-wide synchronize.
+    """CUDA events around the calls, the end event recorded after a device-wide synchronize.
 
     Recording the end event only after ``torch.cuda.synchronize()`` returns means kernels on any
     stream, not just the current one, finish inside the measured interval. The price is the
-    synchronisation latency (a few µs) in every sample, paid equally by baseline and candidate.
+    synchronisation latency (a few µs) once per batch, paid equally by baseline and candidate.
     """
 
     def __init__(self, flush_l2: bool) -> None:
@@ -57,27 +66,27 @@ class CudaTimer(Timer):
             self._flush_buffer.fill_(0x5A5A5A5A)
         torch.cuda.synchronize()
 
-    def time_call(self, fn: Callable[[], object]) -> float:
+    def time_calls(self, fn: Call, arg_sets: Sequence[tuple]) -> tuple[float, list]:
         self._flush_and_sync()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        outputs = [fn(*args) for args in arg_sets]
         torch.cuda.synchronize()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end)
+        return start.elapsed_time(end), outputs
 
 
 class HostSyncTimer(CudaTimer):
-    """The host clock around the call and a device-wide synchronize: no CUDA events at all. Used to
-    re-measure implausible speed-ups with an independent clock."""
+    """The host clock around the calls and a device-wide synchronize: no CUDA events at all. Used
+    to re-measure implausible speed-ups with an independent clock."""
 
-    def time_call(self, fn: Callable[[], object]) -> float:
+    def time_calls(self, fn: Call, arg_sets: Sequence[tuple]) -> tuple[float, list]:
         self._flush_and_sync()
         start = time.perf_counter_ns()
-        fn()
+        outputs = [fn(*args) for args in arg_sets]
         torch.cuda.synchronize()
-        return (time.perf_counter_ns() - start) / 1e6
+        return (time.perf_counter_ns() - start) / 1e6, outputs
 
 
 def make_timer(device: str, config: TimingConfig, host_clock: bool = False) -> Timer:
@@ -109,66 +118,92 @@ def perturbed(inputs: list, noise: float, seed: int) -> tuple:
 
 
 class FreshInputs:
-    """Per-call inputs for timing: :func:`perturbed` copies of the trial inputs, a new seed per call.
+    """Per-call inputs for timing: :func:`perturbed` copies of the trial inputs, call ``n`` seeded
+    with ``call_seed(seed, n)``.
 
     Values never repeat and carry no global scale, so neither a cache nor an analytical shortcut
-    (``(cA)B = c(AB)``) can serve a timed call. Also checks, between calls, that consecutive outputs
-    do not share storage.
+    (``(cA)B = c(AB)``) can serve a timed call.
     """
 
     def __init__(self, inputs: list, noise: float, seed: int) -> None:
         self.inputs = inputs
         self.noise = noise
         self.seed = seed
-        self.count = 0
-        self.last_output: Any = None
-        self._previous_output: Any = None
-        self.reused_output = False
 
-    def next(self) -> tuple:
-        if self.last_output is not None:
-            if self._previous_output is not None and shares_storage(self.last_output, self._previous_output):
-                self.reused_output = True
-            self._previous_output, self.last_output = self.last_output, None
-        self.count += 1
-        return perturbed(self.inputs, self.noise, call_seed(self.seed, self.count))
+    def for_call(self, call: int) -> tuple:
+        return perturbed(self.inputs, self.noise, call_seed(self.seed, call))
 
 
-def summarize(samples_ms: list[float], budget_exhausted: bool) -> TimingStats:
+def summarize(samples_ms: list[float], budget_exhausted: bool, calls_per_sample: int = 1) -> TimingStats:
     n = len(samples_ms)
     mean = statistics.fmean(samples_ms)
     std = statistics.stdev(samples_ms) if n > 1 else 0.0
     rse = std / math.sqrt(n) / mean if mean > 0 else math.inf
-    return TimingStats(statistics.median(samples_ms), mean, std, n, rse, budget_exhausted)
+    return TimingStats(statistics.median(samples_ms), mean, std, n, rse, budget_exhausted, calls_per_sample)
 
 
-def measure(fn: Callable[..., object], timer: Timer, config: TimingConfig,
-            prepare: Callable[[], tuple] | None = None,
-            after_sample: Callable[[], None] | None = None) -> TimingStats:
-    """Warm up, then time ``fn(*prepare())`` until the relative standard error target or the budget
-    is reached. ``prepare`` (fresh inputs) and ``after_sample`` (auditing a timed call's outputs)
-    run outside the timed region."""
-    def args() -> tuple:
-        return prepare() if prepare is not None else ()
+def tree_bytes(tree: Any) -> int:
+    """Bytes held by the tensors in a (nested) tree."""
+    return sum(t.numel() * t.element_size() for t in tensors_in(tree) if isinstance(t, torch.Tensor))
+
+
+def batch_size(call_ms: float, call_bytes: int, config: TimingConfig) -> int:
+    """Calls per timed sample: enough for ``batch_min_ms`` of work at ``call_ms`` per call, at
+    most ``batch_max_calls``, and at most as many as fit ``batch_mem_mb`` (each call's inputs are
+    prepared before the batch and its outputs are held until the batch ends)."""
+    if config.batch_min_ms <= 0 or call_ms >= config.batch_min_ms:
+        return 1
+    wanted = math.ceil(config.batch_min_ms / max(call_ms, 1e-6))
+    fits = config.batch_mem_mb * 2**20 // max(call_bytes, 1)
+    return max(1, min(wanted, config.batch_max_calls, fits))
+
+
+def measure(fn: Call, timer: Timer, config: TimingConfig,
+            prepare: Callable[[int], tuple] | None = None,
+            after_call: Callable[[int, Any], None] | None = None) -> TimingStats:
+    """Warm up, then time batches of ``fn(*prepare(n))`` until the relative standard error target
+    or the budget is reached; a sample is a batch's time divided by its calls.
+
+    Calls are numbered from 1 over the whole loop, warm-up included. ``prepare(n)`` (fresh inputs
+    for call ``n``) runs before the batch, outside the timed region; ``after_call(n, outputs)``
+    (auditing a timed call's outputs) runs for every timed call, in order, after its batch."""
+    next_call = 1
+
+    def arg_sets(count: int) -> list[tuple]:
+        nonlocal next_call
+        sets = [prepare(next_call + j) if prepare is not None else () for j in range(count)]
+        next_call += count
+        return sets
 
     warmup_until = time.monotonic() + config.warmup_ms / 1e3
-    calls = 0
-    while calls < config.warmup_calls or time.monotonic() < warmup_until:
-        timer.time_call(lambda: fn(*args()))  # timed like the samples, so the flush and syncs warm up too
-        calls += 1
+    warmup_ms: list[float] = []
+    while len(warmup_ms) < config.warmup_calls or time.monotonic() < warmup_until:
+        args = arg_sets(1)  # timed like the samples, so the flush and syncs warm up too
+        elapsed, outputs = timer.time_calls(fn, args)
+        warmup_ms.append(elapsed)
+    call_bytes = tree_bytes(args) + tree_bytes(outputs)
+    del args, outputs
+    calls = batch_size(min(warmup_ms), call_bytes, config)
+    if calls > 1:  # a single call's time includes a whole synchronisation: size again from one batch
+        elapsed, outputs = timer.time_calls(fn, arg_sets(calls))
+        del outputs
+        calls = batch_size(elapsed / calls, call_bytes, config)
     samples: list[float] = []
     deadline = time.monotonic() + config.budget_s
     while True:
-        call_args = args()
-        samples.append(timer.time_call(lambda: fn(*call_args)))
-        if after_sample is not None:
-            after_sample()
+        first = next_call
+        elapsed, outputs = timer.time_calls(fn, arg_sets(calls))
+        samples.append(elapsed / calls)
+        if after_call is not None:
+            for j, out in enumerate(outputs):
+                after_call(first + j, out)
+        del outputs
         n = len(samples)
         if n >= config.min_samples:
-            stats = summarize(samples, False)
+            stats = summarize(samples, False, calls)
             if stats.rel_std_err <= config.target_rel_std_err:
                 return stats
             if n >= config.max_samples:
-                return summarize(samples, True)
+                return summarize(samples, True, calls)
         if time.monotonic() > deadline and n >= 3:
-            return summarize(samples, True)
+            return summarize(samples, True, calls)

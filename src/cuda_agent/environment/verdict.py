@@ -40,10 +40,11 @@ class TimingStats:
     n: int
     rel_std_err: float  # std / sqrt(n) / mean
     budget_exhausted: bool  # stopped on the time budget before reaching the target precision
+    calls_per_sample: int = 1  # back-to-back calls per timed sample (a sample is their mean)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TimingStats":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class BuildInfo:
     seconds: float
     key: str
     log_tail: str = ""
+    compile_stats: dict[str, int] = field(default_factory=dict)
+    """Translation units compiled, object-cache hits and units that used the precompiled header."""
 
 
 @dataclass

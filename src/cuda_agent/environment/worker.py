@@ -220,14 +220,21 @@ class WorkerProcess:
                 pass
         self._to_child_w = self._from_child_r = -1
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Ask the worker to exit, then make sure it and its process group are gone."""
+    def ask_to_exit(self) -> None:
+        """Tell the worker to exit, without waiting (several workers then shut down at once)."""
         if self.proc.poll() is None and self._to_child_w >= 0:
             try:
                 os.write(self._to_child_w, b'{"op": "exit"}\n')
-                self.proc.wait(timeout=timeout_s)
-            except (OSError, subprocess.TimeoutExpired):
+            except OSError:
                 pass
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Ask the worker to exit, then make sure it and its process group are gone."""
+        self.ask_to_exit()
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
         self.kill()
 
 
@@ -283,6 +290,18 @@ def _rss_mb(pid: int) -> float | None:
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+def warm(msg: dict[str, Any]) -> dict[str, Any]:
+    """Initialise the device before any task or candidate is loaded (a prestarted worker's first
+    request): the evaluation that takes the worker does not wait for a CUDA context."""
+    import torch
+
+    if msg["device"] == "cuda":
+        torch.cuda.init()
+        torch.empty(1, device="cuda")
+        torch.cuda.synchronize()
+    return {}
+
+
 def serve(handlers: dict[str, Handler], argv: list[str] | None = None) -> None:
     """Worker-side main loop: read requests, dispatch on ``op``, reply. ``exit`` ends the loop."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -302,7 +321,7 @@ def serve(handlers: dict[str, Handler], argv: list[str] | None = None) -> None:
             if op == "exit":
                 return
             try:
-                handler = handlers[op]
+                handler = handlers[op] if op != "warm" else warm
                 reply = {"ok": True, **handler(message)}
             except BaseException as exc:  # noqa: BLE001 - every failure must become a reply
                 if isinstance(exc, KeyboardInterrupt):

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.environment import EvalConfig, Verdict
-from cuda_agent.environment.evaluator import default_scratch_root
+from cuda_agent.environment.slots import default_scratch_root
 from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProcess, child_env
 from cuda_agent.pool.base import EvalLane, JobRejected, LaneFailed
 from cuda_agent.pool.config import PoolConfig, PoolConfigError

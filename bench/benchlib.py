@@ -1,0 +1,124 @@
+"""Shared by the bench scripts: machine details, distinct candidate variants, time budgets, JSON.
+
+Every script prints one summary line and writes a JSON object that starts with ``machine`` (and,
+for GPU runs, ``device``); ``bench/merge.py`` combines several into one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cuda_agent.environment import TimingConfig
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "examples"
+KERNEL_SOURCE = re.compile(r'^(cuda_source|cpp_source)\s*=\s*r?"""', re.MULTILINE)
+SMOKE_TIMING = TimingConfig(budget_s=0.3, min_samples=3, warmup_calls=1, warmup_ms=0, compile_baseline=False)
+"""``--smoke``: the pipeline runs end to end, but the numbers mean nothing."""
+
+
+def machine_details() -> dict[str, Any]:
+    """Host, CPU, GPU and software versions: what absolute numbers depend on."""
+    import torch
+
+    details: dict[str, Any] = {
+        "host": platform.node(), "machine": platform.machine(), "cpu": _cpu_model(), "cpu_cores": os.cpu_count(),
+        "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
+        "gpu": None, "gpu_count": 0, "driver": None,
+        "nvcc": _first_line(["nvcc", "--version"], last=True), "cxx": _first_line(["c++", "--version"]),
+    }
+    if torch.cuda.is_available():
+        details.update(gpu=torch.cuda.get_device_name(), gpu_count=torch.cuda.device_count(),
+                       driver=_first_line(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]))
+    return details
+
+
+def device_label(details: dict[str, Any]) -> str:
+    return details["gpu"] or f"cpu: {details['cpu']} ({details['cpu_cores']} cores)"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _first_line(command: list[str], last: bool = False) -> str | None:
+    if shutil.which(command[0]) is None:
+        return None
+    try:
+        lines = subprocess.run(command, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (lines[-1] if last else lines[0]) if lines else None
+
+
+def sample_solution(device: str, task: str, layout: str) -> Path:
+    """A bundled honest solution: ``examples/solutions/<device>[_workdir]/<task>``."""
+    if layout == "single":
+        return EXAMPLES / "solutions" / device / f"{task}.py"
+    return EXAMPLES / "solutions" / f"{device}_workdir" / task
+
+
+RUN_ID = secrets.token_hex(4)
+"""Part of every variant's sources: variants of one run, or of two runs on one cache, never match."""
+
+
+def make_variant(solution: Path, index: int, workspace: Path) -> Path:
+    """A copy of ``solution`` in which every compiled source differs from every other variant's
+    (a distinct constant in each translation unit), so neither the build cache nor the object
+    cache can serve it; the kernels compute the same thing. Extension names get the index too,
+    so a harness keyed by name (torch's JIT builder) cannot reuse a build either."""
+    marker = f"static constexpr int cuda_agent_bench_variant_{RUN_ID}_{index} = {index};\n"
+    if solution.is_file():
+        target = workspace / f"{solution.stem}_v{index}.py"
+        text = KERNEL_SOURCE.sub(lambda m: m.group(0) + "\n" + marker, solution.read_text())
+        text = re.sub(r'name="([A-Za-z0-9_]+)"', rf'name="\g<1>_v{index}"', text)
+        target.write_text(text)
+        return target
+    target = workspace / f"{solution.name}_v{index}"
+    shutil.copytree(solution, target)
+    for source in sorted(target.glob("kernels/*")):
+        if source.suffix in (".cu", ".cpp", ".cc"):
+            source.write_text(source.read_text() + "\n" + marker)
+    return target
+
+
+class Budget:
+    """A wall-clock budget for a whole script: loops stop starting new work once it is spent."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.started = seconds, time.monotonic()
+
+    def left_s(self) -> float:
+        return self.seconds - (time.monotonic() - self.started)
+
+    def spent(self) -> bool:
+        return self.left_s() <= 0
+
+
+def write_json(result: dict[str, Any], out: Path | None) -> None:
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+
+
+def median(values: list[float]) -> float | None:
+    import statistics
+
+    return statistics.median(values) if values else None

@@ -1,0 +1,179 @@
+"""Single-file candidates' ``load_inline``/``load`` calls: compiled by the build, loaded by the worker.
+
+In the compile child, torch's JIT builders are replaced by :class:`LeanBuilders`, which compile the
+same module through the lean path (:mod:`compiler`) and record each call in a manifest: the
+extension's name, a hash of the call's arguments (sources, functions, flags; file contents for
+``load``) and the built library. In the candidate worker, :func:`prebuilt_loader` answers the same
+call by importing that library: the candidate process never runs a compiler, and a call whose
+arguments differ from the built one (sources generated differently at run time) is an error.
+Calls the lean path does not support (``is_python_module=False``, SYCL, ...) go to torch's builder
+in both processes, as before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import inspect
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+from cuda_agent.environment.compiler import ExtensionCompiler, Unit
+
+MANIFEST = "prebuilt.json"
+_SUPPORTED = {
+    "load_inline": {"name", "cpp_sources", "cuda_sources", "functions", "extra_cflags", "extra_cuda_cflags",
+                    "extra_ldflags", "extra_include_paths", "build_directory", "verbose", "with_cuda",
+                    "is_python_module", "with_pytorch_error_handling", "keep_intermediates", "use_pch"},
+    "load": {"name", "sources", "extra_cflags", "extra_cuda_cflags", "extra_ldflags", "extra_include_paths",
+             "build_directory", "verbose", "with_cuda", "is_python_module", "keep_intermediates"},
+}
+_NOT_PART_OF_THE_BUILD = {"build_directory", "verbose", "keep_intermediates", "use_pch"}
+_INLINE_CPP_HEADER = "#include <torch/extension.h>\n"
+_INLINE_CUDA_HEADER = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+
+
+class PrebuiltMismatch(ImportError):
+    """The candidate asked, at run time, for an extension the build did not compile."""
+
+
+def bound_call(kind: str, builder: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any] | None:
+    """The call's arguments by name, defaults applied; None when the lean path cannot build it."""
+    try:
+        bound = inspect.signature(builder).bind(*args, **kwargs)
+    except TypeError:
+        return None
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    arguments.update(arguments.pop("kwargs", {}) or {})
+    given = {k for k, v in arguments.items() if v not in (None, False, [], (), "", {})}
+    if given - _SUPPORTED[kind] or not arguments.get("is_python_module", True):
+        return None
+    return arguments
+
+
+def call_key(kind: str, arguments: dict[str, Any]) -> str:
+    """Hash of everything in a call that decides the module (file contents for ``load``)."""
+    relevant = {k: v for k, v in arguments.items() if k not in _NOT_PART_OF_THE_BUILD}
+    digest = hashlib.sha256(kind.encode() + json.dumps(relevant, sort_keys=True, default=str).encode())
+    if kind == "load":
+        for source in _as_list(arguments["sources"]):
+            digest.update(b"\0" + Path(source).read_bytes())
+    return digest.hexdigest()
+
+
+def _as_list(value: Any) -> list:
+    if value is None:
+        return []
+    return [value] if isinstance(value, str) else list(value)
+
+
+class LeanBuilders:
+    """Replacements for torch's JIT builders in the compile child."""
+
+    def __init__(self, make_compiler: Callable[[bool], ExtensionCompiler], extensions_dir: Path) -> None:
+        """``make_compiler(with_cuda)``: the compiler for an extension with or without CUDA."""
+        self.make_compiler, self.extensions_dir = make_compiler, extensions_dir
+        self.manifest: dict[str, dict[str, str]] = {}
+
+    def wrap(self, kind: str, builder: Callable[..., Any]) -> Callable[..., Any]:
+        """``builder`` (torch's ``load_inline`` or ``load``) through the lean path where it can."""
+
+        def lean(*args: Any, **kwargs: Any) -> Any:
+            arguments = bound_call(kind, builder, args, kwargs)
+            if arguments is None:
+                module = builder(*args, **kwargs)
+                self.manifest[str(kwargs.get("name", args[0] if args else ""))] = {"builder": "torch"}
+            else:
+                module = self._build(kind, arguments)
+            self._write_manifest()
+            return module
+
+        return lean
+
+    def _build(self, kind: str, arguments: dict[str, Any]) -> ModuleType:
+        name = arguments["name"]
+        out_dir = self.extensions_dir / name
+        out_dir.mkdir(parents=True, exist_ok=True)
+        units = _inline_units(arguments, out_dir) if kind == "load_inline" else _file_units(arguments)
+        has_cuda = any(u.is_cuda for u in units) or bool(arguments.get("with_cuda"))
+        compiler = self.make_compiler(has_cuda)
+        includes = tuple(Path(p).resolve() for p in _as_list(arguments.get("extra_include_paths")))
+        library = compiler.build(name, units, out_dir, includes, tuple(_as_list(arguments.get("extra_ldflags"))))
+        self.manifest[name] = {"builder": "lean", "call": call_key(kind, arguments),
+                               "library": str(library.relative_to(self.extensions_dir))}
+        return import_library(name, library)
+
+    def _write_manifest(self) -> None:
+        (self.extensions_dir / MANIFEST).write_text(json.dumps(self.manifest, indent=1))
+
+
+def _inline_units(arguments: dict[str, Any], out_dir: Path) -> list[Unit]:
+    """The two files torch's ``load_inline`` writes: C++ (with the pybind11 functions) and CUDA."""
+    cpp = "\n".join(_as_list(arguments["cpp_sources"]))
+    functions = arguments.get("functions")
+    if functions:
+        named = functions if isinstance(functions, dict) else {f: f for f in _as_list(functions)}
+        wrap = arguments.get("with_pytorch_error_handling", True)
+        defs = "\n".join(f'm.def("{f}", {"torch::wrap_pybind_function(" + f + ")" if wrap else f}, "{doc}");'
+                         for f, doc in named.items())
+        cpp += f"\n\nPYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {{\n{defs}\n}}\n"
+    cpp_flags = _flags(arguments.get("extra_cflags"))
+    units = [_write(out_dir / "main.cpp", _INLINE_CPP_HEADER + cpp, cpp_flags)]
+    cuda = _as_list(arguments.get("cuda_sources"))
+    if cuda:
+        units.append(_write(out_dir / "cuda.cu", _INLINE_CUDA_HEADER + "\n".join(cuda),
+                            _flags(arguments.get("extra_cuda_cflags"))))
+    return units
+
+
+def _file_units(arguments: dict[str, Any]) -> list[Unit]:
+    cpp_flags, cuda_flags = _flags(arguments.get("extra_cflags")), _flags(arguments.get("extra_cuda_cflags"))
+    return [Unit(Path(s).resolve(), cuda_flags if str(s).endswith(".cu") else cpp_flags)
+            for s in _as_list(arguments["sources"])]
+
+
+def _flags(value: Any) -> tuple[str, ...]:
+    """A flag list as torch uses it (stripped, empty entries dropped: ``[""]`` is no flag)."""
+    return tuple(f.strip() for f in _as_list(value) if f.strip())
+
+
+def _write(path: Path, text: str, flags: tuple[str, ...]) -> Unit:
+    path.write_text(text)
+    return Unit(path, flags)
+
+
+def import_library(name: str, library: Path) -> ModuleType:
+    """Import a built extension module from its shared library (as torch's loader does)."""
+    spec = importlib.util.spec_from_file_location(name, library)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the extension library {library}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def prebuilt_loader(kind: str, builder: Callable[..., Any], extensions_dir: Callable[[], Path | None]) -> Callable[..., Any]:
+    """The candidate worker's ``load_inline``/``load``: import what the build compiled for this
+    call; calls the build gave to torch's builder still go there (``extensions_dir()`` is read at
+    call time: it is set when the candidate is loaded)."""
+
+    def load(*args: Any, **kwargs: Any) -> Any:
+        directory = extensions_dir()
+        manifest_path = directory / MANIFEST if directory is not None else None
+        arguments = bound_call(kind, builder, args, kwargs)
+        if manifest_path is None or not manifest_path.is_file() or arguments is None:
+            return builder(*args, **kwargs)
+        entry = json.loads(manifest_path.read_text()).get(arguments["name"])
+        if entry is None or entry.get("builder") != "lean":
+            return builder(*args, **kwargs)
+        if entry.get("call") != call_key(kind, arguments):
+            raise PrebuiltMismatch(
+                f"{kind}(name={arguments['name']!r}) is called with other sources or flags than the protected build "
+                "compiled: a solution must build the same extension every time it is imported")
+        return import_library(arguments["name"], directory / entry["library"])
+
+    return load
+

@@ -1,0 +1,70 @@
+"""The bench scripts run end to end on the CPU backend (smoke mode, tiny N) and write the JSON keys
+the GPU results are read by; bench/merge.py combines them into one object."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # each script compiles at least one candidate both ways
+
+BENCH = REPO_ROOT / "bench"
+
+
+def _run(script: str, out: Path, *args: str, cache_dir: Path) -> dict:
+    command = [sys.executable, str(BENCH / script), "--device", "cpu", "--out", str(out),
+               "--cache-dir", str(cache_dir), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(result.stdout.strip().splitlines()) == 1, result.stdout  # the one-line summary
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory: pytest.TempPathFactory, session_cache_dir: Path) -> dict[str, Path]:
+    """Each script once, on the session cache (its precompiled header is built once per run)."""
+    out = tmp_path_factory.mktemp("bench")
+    paths = {name: out / f"{name}.json" for name in ("compile", "timing", "throughput")}
+    _run("compile.py", paths["compile"], "--tasks", "relu", "--layouts", "single", "--variants", "1",
+         cache_dir=session_cache_dir)
+    _run("timing.py", paths["timing"], "--repeats", "2", "--smoke", cache_dir=session_cache_dir)
+    _run("throughput.py", paths["throughput"], "--tasks", "relu", "--candidates", "1", "--baseline-candidates", "1",
+         "--smoke", cache_dir=session_cache_dir)
+    return paths
+
+
+def test_compile_bench_reports_both_build_paths_side_by_side(results) -> None:
+    data = json.loads(results["compile"].read_text())
+    assert {"device", "machine", "compile_median_s", "baseline_compile_median_s", "pch_build_s"} <= data.keys()
+    (row,) = data["rows"]
+    assert row["ours_s"] > 0 and row["baseline_s"] > 0
+    assert row["object_cache_hits"] == 0  # every unit of a variant is new
+
+
+def test_timing_bench_reports_a_cv_per_kernel_size(results) -> None:
+    data = json.loads(results["timing"].read_text())
+    assert set(data["timing_cv"]) == {"smoke"} and data["timing_cv"]["smoke"] >= 0
+    assert len(data["sizes"]["smoke"]["candidate_ms"]) == 2
+
+
+def test_throughput_bench_reports_both_harnesses(results) -> None:
+    data = json.loads(results["throughput"].read_text())
+    assert data["evals_per_gpu_hour"] > 0 and data["baseline_evals_per_gpu_hour"] > 0
+    assert data["cuda_agent"]["evaluations"] == 1 and data["cuda_agent"]["correct"] == 1
+    assert data["baseline"]["correct"] == 1
+
+
+def test_merge_puts_every_headline_key_at_the_top(results, tmp_path: Path) -> None:
+    merged = tmp_path / "merged.json"
+    subprocess.run([sys.executable, str(BENCH / "merge.py"), *map(str, results.values()), "--out", str(merged)],
+                   check=True, capture_output=True)
+    data = json.loads(merged.read_text())
+    assert {"device", "compile_median_s", "baseline_compile_median_s", "evals_per_gpu_hour",
+            "baseline_evals_per_gpu_hour", "timing_cv"} <= data.keys()
+    assert {"compile", "timing", "throughput"} <= data.keys()
