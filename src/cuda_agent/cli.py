@@ -174,7 +174,8 @@ def demo(
                   TimeElapsedColumn(), console=err_console, disable=json_out) as progress:
         building = progress.add_task("building samples in parallel", total=len(runs))
         build_many([load_solution(r.solution) for r in runs], eval_config.device, eval_config.build,
-                   eval_config.cache_dir, on_done=lambda _: progress.advance(building))
+                   eval_config.cache_dir, on_done=lambda _: progress.advance(building),
+                   sandbox_config=eval_config.sandbox)
         bar = progress.add_task("evaluating samples", total=len(runs))
         for run in runs:
             progress.update(bar, description=f"{run.task} ({run.layout})")

@@ -171,7 +171,7 @@ def _build_only(snapshot, config: EvalConfig) -> Callable[[], dict[str, Any]]:
             lines = "\n".join(f"  {v.code}: {v.message}" for v in violations)
             return {"ok": False, "text": f"build: FAILED: the static guards rejected the solution:\n{lines}"}
         try:
-            built = build_solution(solution, config.device, config.build, config.cache_dir)
+            built = build_solution(solution, config.device, config.build, config.cache_dir, config.sandbox)
         except CompileError as exc:
             return {"ok": False, "text": f"build: FAILED: {exc}\n{exc.log_tail}"}
         info = {"cached": built.info.cached, "seconds": built.info.seconds, "key": built.info.key}

@@ -21,10 +21,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuda_agent.environment.config import BuildConfig, Device
+from cuda_agent.environment.build_sandbox import BuildPlace, SolutionTooLarge, open_place, prepare_precompiled_headers
+from cuda_agent.environment.config import BuildConfig, Device, SandboxConfig
 from cuda_agent.environment.solution import Solution
 from cuda_agent.environment.verdict import BuildInfo
-from cuda_agent.environment.worker import child_env, die_with_parent, signal_name
+from cuda_agent.environment.worker import child_env, signal_name
 
 BUILD_OK_FILE = "BUILD_OK.json"
 BUILD_FAILED_FILE = "BUILD_FAILED.json"
@@ -80,8 +81,10 @@ def build_location(solution: Solution, device: Device, config: BuildConfig, cach
     return key, build_dir, build_dir / "ext"
 
 
-def build_solution(solution: Solution, device: Device, config: BuildConfig, cache_dir: Path) -> BuiltSolution:
-    """Build ``solution`` for ``device`` unless an identical build is cached.
+def build_solution(solution: Solution, device: Device, config: BuildConfig, cache_dir: Path,
+                   sandbox_config: SandboxConfig = SandboxConfig()) -> BuiltSolution:
+    """Build ``solution`` for ``device`` unless an identical build is cached. As root, the compile
+    child runs in the sandbox (``sandbox_config``, see :mod:`build_sandbox`).
 
     Raises:
         CompileError: compilation failed or exceeded ``config.timeout_s``.
@@ -98,20 +101,28 @@ def build_solution(solution: Solution, device: Device, config: BuildConfig, cach
         if recorded is not None:
             raise CompileError(f"{recorded['message']} (recorded by an earlier build of identical sources)",
                                recorded["log_tail"])
-        log_tail, compile_stats = _run_compile_child(solution, device, config, build_dir, extensions_dir)
+        try:
+            place = open_place(solution, build_dir, extensions_dir, sandbox_config, cache_dir)
+        except SolutionTooLarge as exc:
+            raise CompileError(str(exc)) from None
+        try:
+            if place.sandboxed:
+                prepare_precompiled_headers(device, config, cache_dir)
+            log_tail, compile_stats = _run_compile_child(place, device, config, build_dir, extensions_dir, cache_dir)
+        finally:
+            place.close()
     info = BuildInfo(cached=False, seconds=time.monotonic() - started, key=key, log_tail=log_tail,
                      compile_stats=compile_stats)
     return BuiltSolution(solution, build_dir, extensions_dir, info)
 
 
-def _run_compile_child(
-    solution: Solution, device: Device, config: BuildConfig, build_dir: Path, extensions_dir: Path
-) -> tuple[str, dict[str, int]]:
+def _run_compile_child(place: BuildPlace, device: Device, config: BuildConfig, build_dir: Path,
+                       extensions_dir: Path, cache_dir: Path) -> tuple[str, dict[str, int]]:
     if extensions_dir.exists():  # leftovers of a failed or killed build
         shutil.rmtree(extensions_dir)
     extensions_dir.mkdir()
-    result_path = build_dir / "result.json"
-    result_path.unlink(missing_ok=True)
+    place.result_path.unlink(missing_ok=True)
+    solution = place.solution
     spec = {
         "layout": solution.layout.value,
         "root": str(solution.root),
@@ -119,29 +130,33 @@ def _run_compile_child(
         "kernel_files": [str(p) for p in solution.kernel_files],
         "binding_names": list(solution.binding_names),
         "device": device,
-        "extensions_dir": str(extensions_dir),
+        "extensions_dir": str(place.extensions_dir),
         "extra_cflags": list(config.extra_cflags),
         "extra_cuda_cflags": list(config.extra_cuda_cflags),
-        "result_path": str(result_path),
-        "cache_dir": str(build_dir.parents[2]),  # <cache>: objects and precompiled headers live beside build/
+        "result_path": str(place.result_path),
+        "cache_dir": str(cache_dir),  # objects and precompiled headers live beside build/
+        "object_cache": not place.sandboxed,  # see build_sandbox: objects made where candidate code runs stay private
+        "build_pch": not place.sandboxed,
         "jobs": config.max_jobs or os.cpu_count() or 1,
         "pch": config.precompiled_header,
         "lean": config.lean,
     }
-    spec_path = build_dir / "spec.json"
-    spec_path.write_text(json.dumps(spec))
+    place.spec_path.unlink(missing_ok=True)
+    place.spec_path.write_text(json.dumps(spec))
+    place.spec_path.chmod(0o444)  # read-only to the build user
     env = child_env({
-        "TORCH_EXTENSIONS_DIR": str(extensions_dir),
+        "TORCH_EXTENSIONS_DIR": str(place.extensions_dir),
         "TORCH_CUDA_ARCH_LIST": config.cuda_arch,
         "MAX_JOBS": str(config.max_jobs or os.cpu_count() or 1),
         "CUDA_VISIBLE_DEVICES": "",
+        **place.env,
     })
     log_path = build_dir / "build.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cuda_agent.environment.build_worker", str(spec_path)],
+            [sys.executable, "-m", "cuda_agent.environment.build_worker", str(place.spec_path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=env, cwd=build_dir, start_new_session=True, preexec_fn=die_with_parent,
+            env=env, cwd=place.work_dir, start_new_session=True, preexec_fn=place.preexec,
         )
         try:
             proc.wait(timeout=config.timeout_s)
@@ -158,7 +173,7 @@ def _run_compile_child(
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     log_text = log_path.read_text(errors="replace")
-    result = _read_result(result_path)
+    result = _read_result(place.result_path)
     if result is not None and result.get("compile_error"):
         log_tail = _tail(str(result["compile_error"]), config.log_tail_lines)
         (build_dir / BUILD_FAILED_FILE).write_text(json.dumps({"message": "compilation failed", "log_tail": log_tail}))
@@ -169,8 +184,17 @@ def _run_compile_child(
         result = {"import_error": f"build process {signal_name(proc.returncode)} while importing the solution"}
     elif result is None or proc.returncode != 0:  # the build child itself failed: nothing to cache
         raise CompileError(f"build process exited ({proc.returncode}) without a result", _tail(log_text, config.log_tail_lines))
+    place.collect(extensions_dir)
     (build_dir / BUILD_OK_FILE).write_text(json.dumps({"import_error": result.get("import_error")}))
-    return _tail(log_text, config.log_tail_lines), dict(result.get("compile_stats") or {})
+    return _tail(log_text, config.log_tail_lines), _compile_stats(result)
+
+
+def _compile_stats(result: dict) -> dict[str, int]:
+    """The child's counters (it is untrusted: anything but small integers is dropped)."""
+    stats = result.get("compile_stats")
+    if not isinstance(stats, dict):
+        return {}
+    return {str(k): v for k, v in stats.items() if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 31}
 
 
 def _read_result(path: Path) -> dict | None:
@@ -186,7 +210,8 @@ def _tail(text: str, lines: int) -> str:
 
 
 def build_many(solutions: list[Solution], device: Device, config: BuildConfig, cache_dir: Path,
-               max_parallel: int | None = None, on_done=None) -> dict[Path, BuildInfo | CompileError]:
+               max_parallel: int | None = None, on_done=None,
+               sandbox_config: SandboxConfig = SandboxConfig()) -> dict[Path, BuildInfo | CompileError]:
     """Build several solutions concurrently (compilation needs CPU cores, not the GPU).
 
     Fills the build cache so that later evaluations of these solutions start with a cache hit.
@@ -200,7 +225,7 @@ def build_many(solutions: list[Solution], device: Device, config: BuildConfig, c
     parallel = max_parallel or max(1, (os.cpu_count() or 2) // 2)
     results: dict[Path, BuildInfo | CompileError] = {}
     with ThreadPoolExecutor(max_workers=parallel) as pool:
-        futures = {pool.submit(build_solution, s, device, config, cache_dir): s for s in solutions}
+        futures = {pool.submit(build_solution, s, device, config, cache_dir, sandbox_config): s for s in solutions}
         for future in as_completed(futures):
             solution = futures[future]
             try:

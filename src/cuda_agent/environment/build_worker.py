@@ -1,4 +1,6 @@
-"""Compile child: ``python -m cuda_agent.environment.build_worker SPEC.json``.
+"""Compile child: ``python -m cuda_agent.environment.build_worker SPEC.json`` (as the sandbox's
+build user when the evaluator is root, see :mod:`build_sandbox`), or ``--precompile JSON`` for the
+trusted step that prepares the precompiled headers.
 
 Runs with no GPU visible. For the single-file layout it imports the candidate module, whose
 ``load_inline``/``load`` calls compile through the lean path into ``TORCH_EXTENSIONS_DIR`` (see
@@ -44,7 +46,19 @@ class _CompileFailed(Exception):
 
 def _compiler(spec: dict[str, Any], with_cuda: bool) -> ExtensionCompiler:
     return ExtensionCompiler(torch_toolchain(with_cuda), Path(spec["cache_dir"]), int(spec["jobs"]),
-                             tuple(spec["extra_cflags"]) if spec["pch"] else None)
+                             tuple(spec["extra_cflags"]) if spec["pch"] else None,
+                             object_cache=spec["object_cache"], build_pch=spec["build_pch"])
+
+
+def precompile(spec: dict[str, Any]) -> None:
+    """Build the precompiled headers of ``spec["with_cuda"]``'s toolchains (the trusted step run
+    before sandboxed builds, which may only read them; no candidate code runs here)."""
+    for with_cuda in spec["with_cuda"]:
+        compiler = ExtensionCompiler(torch_toolchain(with_cuda), Path(spec["cache_dir"]), 1,
+                                     tuple(spec["extra_cflags"]))
+        if compiler.precompiled_header_dir() is None:
+            logger.info("precompiling %s failed:\n%s", "the CUDA toolchain's header" if with_cuda else "the header",
+                        "\n".join(compiler.log))
 
 
 def _record_compiles(spec: dict[str, Any], result: dict[str, Any], compilers: list[ExtensionCompiler]) -> None:
@@ -151,6 +165,9 @@ def _torch_load(spec: dict[str, Any], sources: list[Path], kernels_dir: Path, ha
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(stream=sys.stdout, level=logging.INFO, format="%(message)s")
+    if argv[0] == "--precompile":
+        precompile(json.loads(argv[1]))
+        return 0
     spec = json.loads(Path(argv[0]).read_text())
     result: dict[str, Any] = {"compile_calls": 0, "compile_error": None, "import_error": None}
     compilers: list[ExtensionCompiler] = []

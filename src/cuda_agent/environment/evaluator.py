@@ -101,7 +101,8 @@ class _Evaluation:
     def _run_phases(self) -> None:
         solution = self._load_inputs()
         with ThreadPoolExecutor(max_workers=1) as pool:
-            build = pool.submit(build_solution, solution, self.config.device, self.config.build, self.config.cache_dir)
+            build = pool.submit(build_solution, solution, self.config.device, self.config.build, self.config.cache_dir,
+                                self.config.sandbox)
             self._take_slot()  # a cold start's interpreters start while the build runs
             self._lay_out(solution)
             self._load_reference()

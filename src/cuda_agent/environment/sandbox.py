@@ -117,9 +117,10 @@ class Lease:
             self._lock_fd = None
 
 
-def acquire(config: SandboxConfig, device: str, scratch: Path) -> Lease:
+def acquire(config: SandboxConfig, device: str, scratch: Path, reads: tuple[Path, ...] = ()) -> Lease:
     """Lease a sandbox slot for one evaluation (or explain, in the lease, why there is none).
-    ``scratch`` is the evaluation's folder, which the candidate must be able to reach."""
+    ``scratch`` is the evaluation's folder, which the candidate must be able to reach; ``reads``
+    are more paths it must see (read-only to it by their permissions), where they exist."""
     if config.mode == "off":
         return Lease(None, False, ["sandbox.mode is 'off'"])
     problem = _cannot_switch_user(device)
@@ -127,7 +128,7 @@ def acquire(config: SandboxConfig, device: str, scratch: Path) -> Lease:
         if config.mode == "on":
             raise SandboxError(f"sandbox.mode is 'on' but {problem}")
         return Lease(None, False, [f"{problem}: the candidate runs as the evaluating user"])
-    views = _views_for([*_paths_the_candidate_reads(), scratch.resolve()])
+    views = _views_for([*_paths_the_candidate_reads(), scratch.resolve(), *(p.resolve() for p in reads if p.exists())])
     if isinstance(views, str):
         if config.mode == "on":
             raise SandboxError(f"sandbox.mode is 'on' but {views}")

@@ -51,7 +51,7 @@ class PoolWork:
         if self.config.guards.enabled and run_static_guards(solution, self.config.guards):
             return
         try:
-            build_solution(solution, self.config.device, self.config.build, self.config.cache_dir)
+            build_solution(solution, self.config.device, self.config.build, self.config.cache_dir, self.config.sandbox)
         except CompileError as exc:
             logger.debug("job %s did not build: %s", job.job_id, exc)
 
