@@ -55,8 +55,13 @@ def bound_call(kind: str, builder: Callable[..., Any], args: tuple, kwargs: dict
 
 
 def call_key(kind: str, arguments: dict[str, Any]) -> str:
-    """Hash of everything in a call that decides the module (file contents for ``load``)."""
+    """Hash of everything in a call that decides the module: for ``load``, the files' names and
+    contents, not where they are (the build and the candidate worker see copies of the solution
+    in different folders)."""
     relevant = {k: v for k, v in arguments.items() if k not in _NOT_PART_OF_THE_BUILD}
+    if kind == "load":
+        for name in ("sources", "extra_include_paths"):
+            relevant[name] = [Path(p).name for p in _as_list(arguments.get(name))]
     digest = hashlib.sha256(kind.encode() + json.dumps(relevant, sort_keys=True, default=str).encode())
     if kind == "load":
         for source in _as_list(arguments["sources"]):
