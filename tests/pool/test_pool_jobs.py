@@ -64,11 +64,11 @@ def test_verdict_round_trips_through_its_json_form() -> None:
         "error": None, "precision_policy": "faithful", "status": "correct", "device": "cpu", "task": "relu",
         "speedups": {"eager_tf32_off": 2.0},
         "baselines": {"eager_tf32_off": {"median_ms": 2.0, "mean_ms": 2.1, "std_ms": 0.1, "n": 10,
-                                         "rel_std_err": 0.01, "budget_exhausted": False}},
+                                         "rel_std_err": 0.01, "budget_exhausted": False, "calls_per_sample": 1}},
         "candidate_timing": None, "reward_baseline": "tf32_off",
         "trials": [{"index": 0, "kind": "standard", "passed": True, "message": "ok", "max_abs_err": 0.0,
                     "error_ratio": None}],
-        "build": {"cached": True, "seconds": 0.1, "key": "k", "log_tail": ""}, "notes": [],
+        "build": {"cached": True, "seconds": 0.1, "key": "k", "log_tail": "", "compile_stats": {}}, "notes": [],
         "phase_seconds": {"total": 1.0}, "environment": {"torch": "2.13"},
     }
     verdict = Verdict.from_json_dict(data)
