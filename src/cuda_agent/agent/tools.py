@@ -239,7 +239,7 @@ class ToolBox:
             return ToolResult(f"unknown tool {name!r}; available: {', '.join(self.tools)}", ok=False)
         try:
             parsed = json.loads(arguments or "{}")
-            _check_arguments(tool.parameters, parsed, name)
+            check_arguments(tool.parameters, parsed, name)
             return await tool.run(parsed)
         except json.JSONDecodeError as exc:
             return ToolResult(f"{name}: arguments are not valid JSON ({exc}); send one JSON object", ok=False)
@@ -279,7 +279,13 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
-def _check_arguments(schema: dict[str, Any], arguments: Any, name: str) -> None:
+def check_arguments(schema: dict[str, Any], arguments: Any, name: str) -> None:
+    """Check parsed ``arguments`` against a tool's JSON ``schema`` (what :class:`ToolBox` accepts;
+    the trainer's RFT filter uses it to find invalid calls in recorded trajectories).
+
+    Raises:
+        ToolError: not an object, missing or unknown keys, or a value of the wrong type.
+    """
     if not isinstance(arguments, dict):
         raise ToolError(f"arguments must be a JSON object, got {type(arguments).__name__}")
     properties = schema["properties"]
