@@ -15,41 +15,20 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from cuda_agent.agent.policies.replay_policy import ReplayPolicy
 from cuda_agent.agent.text_protocol import tool_instructions
 from cuda_agent.agent.trajectory import append_trajectory
-from cuda_agent.train.config import KeypadConfig, TrainConfig
-from cuda_agent.train.environments.keypad import SYSTEM_PROMPT, KeypadEnvironment, PressTool
+from cuda_agent.train.environments.keypad import SYSTEM_PROMPT, PressTool
 from cuda_agent.train.init_model import init_random_model
 from cuda_agent.train.stages import StageContext, StageOutput, run_stage
 
-KEYPAD = {"tasks": 6, "codes": ["7"]}
-CALL_PREFIX = '<tool_call>\n{"name": "press", "arguments": {"key": "'
-CALL_SUFFIX = '"}}\n</tool_call>'
-
-
-def press(key: str) -> dict:
-    """A replay turn that presses ``key`` in the text protocol."""
-    return {"content": f"{CALL_PREFIX}{key}{CALL_SUFFIX}",
-            "tool_calls": [{"function": {"name": "press", "arguments": {"key": key}}}]}
-
-
-def keypad_config(model: Path, **sections) -> TrainConfig:
-    """A keypad training config for ``model`` (shared critic: one network to run on CPU)."""
-    return TrainConfig.from_dict({"environment": {"name": "keypad", "keypad": KEYPAD},
-                                  "model": {"path": str(model), "critic": "shared"}, **sections})
-
-
-@pytest.fixture(autouse=True)
-def _two_threads():
-    torch.set_num_threads(2)
+from keypad_support import CALL_PREFIX, CALL_SUFFIX, keypad_config, keypad_environment, press
 
 
 @pytest.fixture(scope="session")
 def keypad_model(tmp_path_factory) -> Path:
-    environment = KeypadEnvironment(KeypadConfig(**{**KEYPAD, "codes": tuple(KEYPAD["codes"])}))
+    environment = keypad_environment()
     corpus = [SYSTEM_PROMPT, tool_instructions([PressTool.schema(PressTool)]), "pressed 4: the lock stays shut",
               "click: the lock opens", *(t.code for t in environment.tasks)]
     path = tmp_path_factory.mktemp("keypad-model")
@@ -60,7 +39,7 @@ def keypad_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def keypad_demos(tmp_path_factory) -> Path:
     """48 recorded keypad episodes pressing uniformly random keys (the format, not the answer)."""
-    environment = KeypadEnvironment(KeypadConfig(**{**KEYPAD, "codes": tuple(KEYPAD["codes"])}))
+    environment = keypad_environment()
     path = tmp_path_factory.mktemp("keypad-demos") / "demos.jsonl"
     rng = random.Random(0)
 

@@ -11,7 +11,7 @@ import statistics
 
 from cuda_agent.train.stages import StageContext, run_stage
 
-from conftest import keypad_config
+from keypad_support import keypad_config
 
 STEPS = 16
 
