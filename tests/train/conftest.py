@@ -29,7 +29,7 @@ from keypad_support import CALL_PREFIX, CALL_SUFFIX, keypad_config, keypad_envir
 @pytest.fixture(scope="session")
 def keypad_model(tmp_path_factory) -> Path:
     environment = keypad_environment()
-    corpus = [SYSTEM_PROMPT, tool_instructions([PressTool.schema(PressTool)]), "pressed 4: the lock stays shut",
+    corpus = [SYSTEM_PROMPT, tool_instructions([PressTool.schema()]), "pressed 4: the lock stays shut",
               "click: the lock opens", *(t.code for t in environment.tasks)]
     path = tmp_path_factory.mktemp("keypad-model")
     init_random_model(path, "tiny", corpus * 10, seed=0, whole_tokens=(CALL_PREFIX, CALL_SUFFIX))

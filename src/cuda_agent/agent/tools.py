@@ -300,6 +300,16 @@ def check_arguments(schema: dict[str, Any], arguments: Any, name: str) -> None:
             raise ToolError(f"argument {key!r} must be a {properties[key]['type']}, got {type(value).__name__}")
 
 
+EPISODE_TOOLS: tuple[type[Tool], ...] = (BashTool, ReadFileTool, WriteFileTool, EditFileTool, GlobTool, GrepTool,
+                                         FinishTool)
+"""The standard tool set, in the order the policy sees it."""
+
+
+def episode_tool_schemas() -> list[dict[str, Any]]:
+    """The schemas an episode offers (the first prompt of every episode lists them)."""
+    return [tool.schema() for tool in EPISODE_TOOLS]
+
+
 def episode_tools(workdir: Workdir, shell: SandboxedShell, config: ToolConfig) -> ToolBox:
     """The standard tool set of an episode."""
     files = (workdir, config, shell.uid)

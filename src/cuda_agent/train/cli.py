@@ -215,3 +215,42 @@ def init_model(
     with console.status(f"building a random {size} model"):
         count = init_random_model(out, size, default_corpus(sources), seed, max_positions)
     console.print(f"wrote a {size} model ({count / 1e6:.2f}M parameters) to {out}")
+
+
+@train_app.command("verl-data")
+def verl_data(
+    out: Path = typer.Option(..., "--out", help="The parquet file to write."),
+    tasks: Optional[Path] = typer.Option(None, help="Tasks for RL rows (dataset, folder or problem file)."),
+    mode: str = typer.Option("agent", help="RL rows for the cuda_agent agent loop ('agent') or for "
+                                           "single-turn warm-up ('single_turn')."),
+    trajectories: Optional[list[Path]] = typer.Option(None, "--trajectories",
+                                                      help="Write SFT rows (messages) from these trajectory files "
+                                                           "instead (e.g. rft/kept.jsonl)."),
+    device: str = typer.Option("cuda", help="The target device the prompts name."),
+) -> None:
+    """Write the parquet a verl trainer reads: RL rows from tasks, or SFT rows from trajectories."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from cuda_agent.agent.trajectory import TrajectoryError, read_trajectories
+    from cuda_agent.environment import TaskLoadError, load_tasks
+    from cuda_agent.train.verl.data import AGENT_LOOPS, rl_rows, sft_rows
+
+    if (tasks is None) == (not trajectories):
+        fail_usage("give either --tasks (RL rows) or --trajectories (SFT rows)")
+    if device not in ("cuda", "cpu"):
+        fail_usage(f"--device must be cuda or cpu, got {device!r}")
+    try:
+        if trajectories:
+            rows = sft_rows([t for path in trajectories for t in read_trajectories(path)])
+        else:
+            if mode not in AGENT_LOOPS:
+                fail_usage(f"unknown --mode {mode!r}; valid: {', '.join(AGENT_LOOPS)}")
+            rows = rl_rows([r.task for r in load_tasks(tasks) if r.task is not None], device, mode)
+    except (TrajectoryError, TaskLoadError) as exc:
+        fail_usage(str(exc))
+    if not rows:
+        fail_usage("nothing to write: no loadable task or trajectory")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), out)
+    console.print(f"wrote {len(rows)} rows to {out}")

@@ -42,12 +42,10 @@ def default_corpus(extra: Iterable[str] = ()) -> list[str]:
     """The agent's own prompts and tool protocol (what every episode starts with), plus ``extra``."""
     from cuda_agent.agent.prompts import system_prompt
     from cuda_agent.agent.text_protocol import tool_instructions
-    from cuda_agent.agent.tools import BashTool, EditFileTool, FinishTool, GlobTool, GrepTool, ReadFileTool, \
-        WriteFileTool
+    from cuda_agent.agent.tools import episode_tool_schemas
     from cuda_agent.train.environments.cuda import _WARMUP_PROMPT
 
-    tools = [cls.schema(cls) for cls in (BashTool, ReadFileTool, WriteFileTool, EditFileTool, GlobTool, GrepTool,
-                                         FinishTool)]
+    tools = episode_tool_schemas()
     calls = ['<tool_call>\n{"name": "bash", "arguments": {"command": "./build"}}\n</tool_call>',
              '<tool_call>\n{"name": "write_file", "arguments": {"path": "model_new.py", "content": ""}}\n</tool_call>']
     return [system_prompt(), tool_instructions(tools), _WARMUP_PROMPT, *calls, *extra]

@@ -13,8 +13,9 @@ from __future__ import annotations
 import itertools
 import re
 from concurrent.futures import Future
+from pathlib import Path
 
-from cuda_agent.environment import Task
+from cuda_agent.environment import EvalConfig, Task, Verdict
 from cuda_agent.pool import EvalJob, EvalPool, JobResult, SolutionFiles
 from cuda_agent.train.base import ResponseScore, resolved
 
@@ -55,3 +56,28 @@ class PoolScorer:
         scored: Future[ResponseScore] = Future()
         self.pool.submit(job).add_done_callback(lambda done: scored.set_result(score_from_result(done.result())))
         return scored
+
+
+class HarnessError(RuntimeError):
+    """A pool could not reach a verdict (its workers died on every attempt, a service failed)."""
+
+
+def pool_evaluator(pool: EvalPool):
+    """An :data:`~cuda_agent.agent.evaluation.Evaluate` for the agent's evaluation queue that
+    sends each snapshot to ``pool`` (a GPU pool, a Ray cluster or a ``cuda-agent serve``). The
+    pool's own settings apply; ``profile=False`` evaluations are profiled too (a pool always
+    runs the full evaluation).
+
+    Raises (from the returned callable):
+        HarnessError: the pool answered without a verdict.
+    """
+    numbers = itertools.count()
+
+    def evaluate(task: Task, path: Path, config: EvalConfig, profile: bool) -> Verdict:
+        job = EvalJob(f"episode-{next(numbers)}-{task.id}", task, SolutionFiles.from_path(path))
+        result = pool.submit(job).result()
+        if not result.ok or result.verdict is None:
+            raise HarnessError(f"no verdict for {task.id}: {result.error}")
+        return result.verdict
+
+    return evaluate

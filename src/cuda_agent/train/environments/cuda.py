@@ -30,6 +30,11 @@ model.py:
 ```"""
 
 
+def warmup_prompt(task: Task, device: str) -> list[dict[str, Any]]:
+    """The single-turn prompt: the task, asking for one complete ``model_new.py``."""
+    return [{"role": "user", "content": _WARMUP_PROMPT.format(device_note=device_note(device), code=task.code.rstrip())}]
+
+
 class CudaEnvironment(Environment):
     """Args:
         tasks: the training tasks.
@@ -63,8 +68,7 @@ class CudaEnvironment(Environment):
         return await run_episode(task, policy, self.agent_config, self._queue, episode_id, sample)
 
     def single_turn_prompt(self, task: Task) -> list[dict[str, Any]]:
-        return [{"role": "user", "content": _WARMUP_PROMPT.format(device_note=device_note(self.device),
-                                                                  code=task.code.rstrip())}]
+        return warmup_prompt(task, self.device)
 
     def score_responses(self, items: list[tuple[Task, str]]) -> list[Future[ResponseScore]]:
         if self._scorer is None:
