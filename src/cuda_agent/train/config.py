@@ -42,13 +42,17 @@ class OptimConfig:
     lr: float = 3e-6
     """Peak learning rate (paper: actor 3e-6, critic 6e-6). 0 freezes the model's weights."""
     weight_decay: float = 0.0
+    """AdamW's decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's moment decay rates."""
     eps: float = 1e-8
+    """AdamW's epsilon."""
     warmup_steps: int = 0
     """Optimizer steps of linear warm-up from 0 to ``lr``."""
     schedule: str = "constant"
     """After warm-up: ``constant``, ``linear`` or ``cosine`` decay to ``lr * min_lr_ratio`` at the last step."""
     min_lr_ratio: float = 0.0
+    """The learning rate at the last step, as a fraction of ``lr`` (``linear`` and ``cosine``)."""
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; 0 disables clipping."""
 
@@ -121,7 +125,9 @@ class PPOAlgorithmConfig:
     """Token-level PPO with GAE (paper: gamma 1, lambda 0.95, clip 0.2 low / 0.28 high)."""
 
     gamma: float = 1.0
+    """Discount per policy token (tool output between turns does not count)."""
     lam: float = 0.95
+    """GAE's lambda."""
     clip_low: float = 0.2
     """The ratio is clipped below at ``1 - clip_low``."""
     clip_high: float = 0.28
@@ -168,8 +174,11 @@ class LoRAConfig:
     rank: int = 0
     """Adapter rank; 0 trains all weights."""
     alpha: float = 16.0
+    """LoRA's scaling numerator (the update is scaled by alpha / rank)."""
     dropout: float = 0.0
+    """Dropout on the adapter's input."""
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    """Names of the linear layers that get adapters (those the model lacks are skipped)."""
 
     def __post_init__(self) -> None:
         _require(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
@@ -204,6 +213,7 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass (long sequences in less memory)."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """LoRA adapters (``rank: 0`` trains every weight)."""
 
     def __post_init__(self) -> None:
         for name in ("path", "critic_path"):
@@ -247,6 +257,7 @@ class EnvironmentConfig:
     task_limit: int = 0
     """Use only the first N tasks; 0: all."""
     keypad: KeypadConfig = field(default_factory=KeypadConfig)
+    """Settings of the ``keypad`` environment."""
 
     def __post_init__(self) -> None:
         if self.tasks is not None:
@@ -262,11 +273,17 @@ class PPOConfig:
     steps: int = 200
     """Rollout-and-update steps."""
     seed: int = 0
+    """Seeds Python, NumPy and torch when the stage starts (a resumed run restores the saved generators instead)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How episodes are sampled."""
     algorithm: PPOAlgorithmConfig = field(default_factory=PPOAlgorithmConfig)
+    """GAE and the losses."""
     actor_optim: OptimConfig = field(default_factory=OptimConfig)
+    """The actor's optimiser (paper: lr 3e-6)."""
     critic_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=6e-6))
+    """The critic's optimiser (paper: lr 6e-6)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When full training state is saved."""
     tensorboard: bool = True
     """Also write metrics as TensorBoard events (when ``tensorboard`` is installed)."""
 
@@ -280,6 +297,7 @@ class WarmupConfig(PPOConfig):
     one complete solution file, scored by the trusted evaluator. Same fields as ``ppo``."""
 
     steps: int = 50
+    """Rollout-and-update steps."""
 
 
 @dataclass(frozen=True)
@@ -312,19 +330,27 @@ class RFTConfig:
     trajectories: tuple[Path, ...] = ()
     """More trajectory files (``cuda-agent-trajectory/1`` JSONL) to filter and train on."""
     filter: RFTFilterConfig = field(default_factory=RFTFilterConfig)
+    """Which trajectories are kept."""
     min_kept: int = 1
     """Fewer kept trajectories than this is an error (nothing worth fine-tuning on)."""
     epochs: int = 2
+    """Passes over the kept trajectories."""
     batch_size: int = 16
     """Sequences per optimizer step."""
     micro_batch_tokens: int = 16384
+    """Gradient accumulation: a batch runs in micro-batches of at most this many (padded) tokens."""
     max_seq_tokens: int = 32768
     """Longer conversations are cut to this many tokens (the loss covers what remains)."""
     seed: int = 0
+    """Seeds Python, NumPy and torch when the stage starts (a resumed run restores the saved generators instead)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How episodes are sampled."""
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    """The actor's optimiser for fine-tuning."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When full training state is saved."""
     tensorboard: bool = True
+    """Also write metrics as TensorBoard events (when ``tensorboard`` is installed)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trajectories", tuple(Path(p) for p in self.trajectories))
@@ -343,16 +369,22 @@ class ValueConfig:
     actor's trajectories; the actor is frozen."""
 
     steps: int = 20
+    """Critic update steps (one batch of episodes each)."""
     seed: int = 0
+    """Seeds Python, NumPy and torch when the stage starts (a resumed run restores the saved generators instead)."""
     trajectories: tuple[Path, ...] = ()
     """Train on these trajectory files (every step takes the next batch of episodes) instead of
     sampling with the actor."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """How episodes are sampled."""
     algorithm: PPOAlgorithmConfig = field(default_factory=PPOAlgorithmConfig)
     """``gamma``, ``lam``, ``value_clip``, ``epochs``, ``minibatches`` and ``micro_batch_tokens`` apply."""
     critic_optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=6e-6))
+    """The critic's optimiser (paper: lr 6e-6)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When full training state is saved."""
     tensorboard: bool = True
+    """Also write metrics as TensorBoard events (when ``tensorboard`` is installed)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "trajectories", tuple(Path(p) for p in self.trajectories))
