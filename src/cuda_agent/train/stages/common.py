@@ -22,7 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from cuda_agent.train.config import TrainConfig, to_jsonable
+from cuda_agent.train.config import TrainConfig
+from cuda_agent.train.config_loading import to_jsonable
 
 STAGE_FILE = "stage.json"
 STAGE_FORMAT = "cuda-agent-train-stage/1"

@@ -74,6 +74,32 @@ def reward_metrics(rewards: list[float | None]) -> dict[str, float]:
     return metrics
 
 
+def train_step(run: RLRun, learner: PPOLearner, rollout: Callable[[RLRun, int], Rollout], number: int) -> dict[str, float]:
+    """One step: rollout, score (while the rewards are evaluated), GAE, update; its metrics."""
+    device = run.models.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    sample = rollout(run, number)
+    started = time.monotonic()
+    scored = learner.score(sample.rows)
+    score_s = time.monotonic() - started
+    rewards = sample.rewards()
+    batch = learner.estimate(scored, rewards)
+    metrics = {**sample.metrics, **reward_metrics(rewards), "score/seconds": score_s,
+               "score/tokens_per_s": scored.tokens / max(score_s, 1e-9)}
+    if batch.rows:
+        epochs = learner.algorithm.epochs
+        started = time.monotonic()
+        metrics.update(learner.update(batch))
+        update_s = time.monotonic() - started
+        metrics.update({"update/seconds": update_s, "update/tokens": float(batch.tokens * epochs),
+                        "update/tokens_per_s": batch.tokens * epochs / max(update_s, 1e-9),
+                        "critic/explained_variance": batch.explained_variance()})
+    if device.type == "cuda":
+        metrics["gpu/peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return metrics
+
+
 def run_rl_stage(context: StageContext, stage: str, section: PPOConfig | ValueConfig, actor: Path,
                  critic_from: Path, environment: Environment | None, task_count: int,
                  rollout: Callable[[RLRun, int], Rollout], train_actor: bool) -> StageResult:
@@ -100,32 +126,10 @@ def run_rl_stage(context: StageContext, stage: str, section: PPOConfig | ValueCo
     run = RLRun(stage, section, models, training_policy(models, section.rollout), TaskSampler(task_count, section.seed),
                 environment, context.out_dir)
 
-    def step(number: int) -> dict[str, float]:
-        if models.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(models.device)
-        sample = rollout(run, number)
-        started = time.monotonic()
-        scored = learner.score(sample.rows)
-        score_s = time.monotonic() - started
-        rewards = sample.rewards()
-        batch = learner.estimate(scored, rewards)
-        metrics = {**sample.metrics, **reward_metrics(rewards), "score/seconds": score_s,
-                   "score/tokens_per_s": scored.tokens / max(score_s, 1e-9)}
-        if batch.rows:
-            started = time.monotonic()
-            metrics.update(learner.update(batch))
-            update_s = time.monotonic() - started
-            metrics.update({"update/seconds": update_s, "update/tokens": float(batch.tokens * algorithm.epochs),
-                            "update/tokens_per_s": batch.tokens * algorithm.epochs / max(update_s, 1e-9),
-                            "critic/explained_variance": batch.explained_variance()})
-        if models.device.type == "cuda":
-            metrics["gpu/peak_memory_gb"] = torch.cuda.max_memory_allocated(models.device) / 2**30
-        return metrics
-
     on_step = (lambda n, m: context.on_step(stage, n, section.steps, m)) if context.on_step else None
     loop = TrainingLoop(context.out_dir, section.steps, section.checkpoint, section.tensorboard,
                         {**learner.state(), "tasks": run.sampler}, on_step)
-    outcome = loop.run(step, context.until_step, context.deadline)
+    outcome = loop.run(lambda number: train_step(run, learner, rollout, number), context.until_step, context.deadline)
     if not outcome.completed:
         record.write(status="stopped")
         return StageResult(stage, context.out_dir, False, outcome.step, section.steps, outcome.stopped)
