@@ -105,7 +105,9 @@ def stage_metrics(folder: Path) -> dict:
 
     peak = [r["gpu/peak_memory_gb"] for r in rows if r.get("gpu/peak_memory_gb") is not None]
     return {"steps_logged": len(rows), "rollout_tokens_per_s": median("rollout/tokens_per_s"),
-            "score_tokens_per_s": median("score/tokens_per_s"), "update_tokens_per_s": median("update/tokens_per_s"),
+            "generation_tokens_per_s": median("rollout/generation_tokens_per_s"),
+            "score_tokens_per_s": median("score/tokens_per_s"),
+            "update_tokens_per_s": median("update/tokens_per_s") or median("sft/tokens_per_s"),
             "sft_tokens": median("sft/tokens"), "step_s": median("step_s"), "reward_mean": median("reward/mean"),
             "peak_gpu_memory_gb": max(peak) if peak else None, "last": rows[-1] if rows else {}}
 
@@ -179,13 +181,14 @@ def main() -> None:
 def markdown(summary: dict) -> str:
     lines = [f"GPU: {summary['environment']['gpu']}, torch {summary['environment']['torch']}, "
              f"CUDA {summary['environment']['cuda']}", "",
-             "| stage | steps | wall s | rollout tok/s | score tok/s | update tok/s | peak GPU GB |",
-             "|---|---|---|---|---|---|---|"]
+             "| stage | steps | wall s | rollout tok/s (end to end) | generation tok/s | score tok/s | update tok/s "
+             "| peak GPU GB |", "|---|---|---|---|---|---|---|---|"]
     fmt = (lambda v: "—" if v is None else f"{v:.4g}")
     for name in STAGES:
         row = summary["rows"].get(name)
         if row:
             lines.append(f"| {name} | {row['steps']} | {row['wall_s']:.0f} | {fmt(row['rollout_tokens_per_s'])} | "
+                         f"{fmt(row.get('generation_tokens_per_s'))} | "
                          f"{fmt(row['score_tokens_per_s'])} | {fmt(row['update_tokens_per_s'])} | "
                          f"{fmt(row['peak_gpu_memory_gb'])} |")
     if "all" in summary["rows"]:

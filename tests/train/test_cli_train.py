@@ -69,6 +69,8 @@ def test_train_all_runs_the_four_stages_on_keypad_and_a_rerun_skips_them(keypad_
     assert records["ppo"]["critic"] == str((run / "ppo" / "critic").resolve())
     assert json.loads((run / "rft" / "filter.json").read_text())["kept"] >= 1
     assert (run / "ppo" / "tensorboard").is_dir() and (run / "ppo" / "rollouts" / "step-000002.jsonl").is_file()
+    ppo_metrics = [json.loads(line) for line in (run / "ppo" / "metrics.jsonl").open()]
+    assert all(row["rollout/generation_tokens_per_s"] > 0 and row["update/tokens_per_s"] > 0 for row in ppo_metrics)
     again = invoke("all", "--config", config, "--out", run, "--json")
     assert [s["already_done"] for s in json.loads(again.output.strip().splitlines()[-1])] == [True] * 4
 

@@ -75,7 +75,8 @@ class ValueHead(nn.Module):
         nn.init.zeros_(self.linear.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden.float()).squeeze(-1)
+        with torch.autocast(hidden.device.type, enabled=False):  # float32 even inside a bf16 forward pass
+            return self.linear(hidden.float()).squeeze(-1)
 
 
 class Critic(nn.Module):

@@ -24,7 +24,28 @@ from cuda_agent.train.models import ModelSet
 logger = logging.getLogger(__name__)
 
 
-def training_policy(models: ModelSet, rollout: RolloutConfig) -> HFPolicy:
+class TrainingPolicy(HFPolicy):
+    """The ``hf`` policy over the live actor, also counting the time and tokens of its generation
+    calls (generation throughput, apart from the time episodes spend in tools and evaluations)."""
+
+    generation_s = 0.0
+    generated_tokens = 0
+
+    def generate_batch(self, prompts: list[tuple[int, ...]]) -> list[Generation]:
+        started = time.monotonic()
+        generations = super().generate_batch(prompts)
+        self.generation_s += time.monotonic() - started
+        self.generated_tokens += sum(len(g.completion_ids) for g in generations)
+        return generations
+
+    def take_generation_metrics(self) -> dict[str, float]:
+        """Seconds and tokens of generation since the last call, and their rate."""
+        seconds, tokens = self.generation_s, self.generated_tokens
+        self.generation_s, self.generated_tokens = 0.0, 0
+        return {"rollout/generation_seconds": seconds, "rollout/generation_tokens_per_s": tokens / max(seconds, 1e-9)}
+
+
+def training_policy(models: ModelSet, rollout: RolloutConfig) -> TrainingPolicy:
     """The ``hf`` policy over the live actor, sampling as ``rollout`` says."""
     autocast = None
     if models.precision.autocast_dtype is not None:
@@ -32,7 +53,7 @@ def training_policy(models: ModelSet, rollout: RolloutConfig) -> HFPolicy:
     config = HFConfig(model_path=models.actor_path, device=str(models.device), max_new_tokens=rollout.max_new_tokens,
                       temperature=rollout.temperature, top_p=rollout.top_p, max_batch=rollout.max_batch,
                       autocast=autocast)
-    return HFPolicy(config, model=models.actor, tokenizer=models.tokenizer)
+    return TrainingPolicy(config, model=models.actor, tokenizer=models.tokenizer)
 
 
 @dataclass

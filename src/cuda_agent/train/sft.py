@@ -9,6 +9,8 @@ checkpoint path serves every stage (so RFT resumes exactly like PPO), and the GP
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from cuda_agent.train import algorithms
@@ -41,6 +43,7 @@ class SFTLearner:
     def step(self, rows: list[TokenRow]) -> dict[str, float]:
         """One optimizer step on ``rows``; returns the loss and token counts."""
         self.models.train_mode(True)
+        started = time.monotonic()
         token_count = float(sum(r.policy_tokens for r in rows))
         lengths = [len(r.ids) for r in rows]
         loss_sum = 0.0
@@ -55,5 +58,7 @@ class SFTLearner:
             loss_sum += float(loss.detach())
         grad_norm = optimizer_step(self.optimizer, self.scheduler, self.optim.max_grad_norm)
         self.models.train_mode(False)
+        seconds = time.monotonic() - started
         return {"sft/loss": loss_sum, "sft/grad_norm": grad_norm, "sft/lr": self.scheduler.get_last_lr()[0],
-                "sft/policy_tokens": token_count, "sft/tokens": float(sum(lengths))}
+                "sft/policy_tokens": token_count, "sft/tokens": float(sum(lengths)), "sft/seconds": seconds,
+                "sft/tokens_per_s": sum(lengths) / max(seconds, 1e-9)}

@@ -30,7 +30,7 @@ def episode_rollout(run: RLRun, step: int) -> Rollout:
     metrics = {"rollout/seconds": episodes.seconds, "rollout/generated_tokens": float(episodes.generated_tokens),
                "rollout/tokens_per_s": episodes.generated_tokens / max(episodes.seconds, 1e-9),
                "rollout/failures": float(len(episodes.failures)), "rollout/rows": float(len(rows)),
-               "episodes/turns_mean": sum(turns) / max(len(turns), 1)}
+               "episodes/turns_mean": sum(turns) / max(len(turns), 1), **run.policy.take_generation_metrics()}
     return Rollout(rows, lambda: rewards, metrics)
 
 

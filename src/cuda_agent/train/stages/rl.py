@@ -14,7 +14,6 @@ from typing import Callable
 
 import torch
 
-from cuda_agent.agent.policies.hf_policy import HFPolicy
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.train.base import Environment
 from cuda_agent.train.checkpoint import seed_everything
@@ -22,7 +21,7 @@ from cuda_agent.train.config import PPOConfig, ValueConfig
 from cuda_agent.train.metrics import read_metrics
 from cuda_agent.train.models import ModelSet
 from cuda_agent.train.ppo import PPOLearner
-from cuda_agent.train.rollout import training_policy
+from cuda_agent.train.rollout import TrainingPolicy, training_policy
 from cuda_agent.train.sequences import TokenRow
 from cuda_agent.train.stages.common import (
     ACTOR_DIR, CRITIC_DIR, StageContext, StageRecord, StageResult, stage_settings,
@@ -51,7 +50,7 @@ class RLRun:
     stage: str
     section: PPOConfig | ValueConfig
     models: ModelSet
-    policy: HFPolicy
+    policy: TrainingPolicy
     sampler: TaskSampler
     environment: Environment | None
     out_dir: Path

@@ -21,7 +21,8 @@ def response_rollout(run: RLRun, step: int) -> Rollout:
     rows = [generation_row(i, g.prompt_ids, g.completion_ids) for i, g in enumerate(responses.generations)]
     metrics = {"rollout/seconds": responses.seconds, "rollout/generated_tokens": float(responses.generated_tokens),
                "rollout/tokens_per_s": responses.generated_tokens / max(responses.seconds, 1e-9),
-               "rollout/response_tokens_mean": responses.generated_tokens / max(len(tasks), 1)}
+               "rollout/response_tokens_mean": responses.generated_tokens / max(len(tasks), 1),
+               **run.policy.take_generation_metrics()}
     return Rollout(rows, lambda: [future.result().reward for future in futures], metrics)
 
 
