@@ -22,6 +22,7 @@ from cuda_agent.environment.build import build_many
 from cuda_agent.evaluate.cli import eval_command, report_command
 from cuda_agent.serve.cli import serve_command
 from cuda_agent.synth.cli import synth_app
+from cuda_agent.train.cli import train_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Agentic RL for CUDA kernels: evaluate candidates with a hack-resistant reward.")
@@ -30,6 +31,7 @@ app.add_typer(tasks_app, name="tasks")
 app.add_typer(synth_app, name="synth")
 app.add_typer(agent_app, name="agent")
 app.add_typer(traj_app, name="traj")
+app.add_typer(train_app, name="train")
 app.command()(optimize)
 app.command("eval")(eval_command)
 app.command("report")(report_command)

@@ -82,10 +82,11 @@ class Tool(ABC):
     parameters: ClassVar[dict[str, Any]]
     """JSON schema of the arguments object."""
 
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI function-calling schema."""
+    @classmethod
+    def schema(cls) -> dict[str, Any]:
+        """The OpenAI function-calling schema (a class attribute: no instance needed)."""
         return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+                "function": {"name": cls.name, "description": cls.description, "parameters": cls.parameters}}
 
     @abstractmethod
     async def run(self, arguments: dict[str, Any]) -> ToolResult:

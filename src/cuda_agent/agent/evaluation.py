@@ -19,6 +19,7 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from cuda_agent.agent.workdir import Workdir
@@ -74,14 +75,26 @@ class EvaluationRecord:
         return float(((self.verdict or {}).get("phase_seconds") or {}).get("profile") or 0.0)
 
 
+Evaluate = Callable[[Task, Path, EvalConfig, bool], Verdict]
+"""``(task, solution path, config, profile) -> Verdict``: how an evaluation is carried out."""
+
+
 class EvaluationQueue:
     """At most ``slots`` evaluations at once, over every episode of a runner; the blocking
-    evaluator runs in worker threads so episodes keep talking to their policies meanwhile."""
+    evaluator runs in worker threads so episodes keep talking to their policies meanwhile.
 
-    def __init__(self, config: EvalConfig, slots: int = 1) -> None:
+    Args:
+        evaluator: what runs ``verify``/``profile``/``final`` evaluations; default: the trusted
+            evaluator in this process (``environment.evaluate``). A trainer on a cluster passes
+            one that sends the snapshot to an evaluation pool or service (``build`` always
+            compiles here).
+    """
+
+    def __init__(self, config: EvalConfig, slots: int = 1, evaluator: Evaluate | None = None) -> None:
         if slots < 1:
             raise ValueError(f"evaluation slots must be >= 1, got {slots}")
         self.config, self.slots = config, slots
+        self.evaluator: Evaluate = evaluator or _local_evaluate
         self._slots = asyncio.Semaphore(slots)
         self._pool = ThreadPoolExecutor(slots, thread_name_prefix="evaluation")
 
@@ -136,7 +149,7 @@ class EpisodeEvaluator:
             placeholder = EvaluationRecord(number, self.turn, op, False, None, "", 0.0, 0.0, skipped_files=skipped)
             self.records.append(placeholder)  # keeps numbers unique while the evaluation runs
         work = _build_only(snapshot, self.queue.config) if op == "build" else \
-            _evaluation(self.task, snapshot, self.queue.config, profile=op != "verify")
+            _evaluation(self.queue.evaluator, self.task, snapshot, self.queue.config, profile=op != "verify")
         outcome, wait_s, seconds = await self.queue.submit(work)
         record = _record(placeholder, outcome, wait_s, seconds)
         self.records[number] = record
@@ -181,8 +194,13 @@ def _build_only(snapshot, config: EvalConfig) -> Callable[[], dict[str, Any]]:
     return work
 
 
-def _evaluation(task: Task, snapshot, config: EvalConfig, profile: bool) -> Callable[[], Verdict]:
-    return lambda: evaluate(task, snapshot, config, profile=profile)
+def _local_evaluate(task: Task, path: Path, config: EvalConfig, profile: bool) -> Verdict:
+    return evaluate(task, path, config, profile=profile)
+
+
+def _evaluation(evaluator: Evaluate, task: Task, snapshot: Path, config: EvalConfig,
+                profile: bool) -> Callable[[], Verdict]:
+    return lambda: evaluator(task, snapshot, config, profile)
 
 
 def _record(placeholder: EvaluationRecord, outcome: Verdict | dict[str, Any], wait_s: float,

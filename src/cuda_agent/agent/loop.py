@@ -13,12 +13,12 @@ import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from cuda_agent.agent.base import Policy, PolicyError, PolicyReply
 from cuda_agent.agent.config import AgentConfig
 from cuda_agent.agent.context import apply_view, estimate_tokens, plan_view
-from cuda_agent.agent.evaluation import EpisodeEvaluator, EvaluationQueue
+from cuda_agent.agent.evaluation import EpisodeEvaluator, EvaluationQueue, EvaluationRecord
 from cuda_agent.agent.prompts import system_prompt, task_prompt
 from cuda_agent.agent.shell import SandboxedShell
 from cuda_agent.agent.tools import ToolBox, episode_tools
@@ -54,7 +54,9 @@ async def run_episode(task: Task, policy: Policy, config: AgentConfig, evaluatio
         evaluator = EpisodeEvaluator(task, workdir, evaluations, shell.uid)
         await evaluator.start()
         try:
-            episode = _Episode(task, policy, config, episode_id, episode_tools(workdir, shell, config.tools), evaluator)
+            messages = initial_messages(task, eval_config.device)
+            episode = Episode(task, policy, config, episode_id, episode_tools(workdir, shell, config.tools), evaluator,
+                              messages)
             await episode.run()
             final = await evaluator.evaluate("final")
         finally:
@@ -68,15 +70,33 @@ async def run_episode(task: Task, policy: Policy, config: AgentConfig, evaluatio
             workdir.remove()
 
 
-class _Episode:
-    """The state of one running episode."""
+def initial_messages(task: Task, device: str) -> list[dict[str, Any]]:
+    """The system prompt and the task message every kernel episode starts with."""
+    return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": task_prompt(task, device)}]
+
+
+class EvaluationLog(Protocol):
+    """Where an episode's tool calls record the evaluations they ask for (:class:`EpisodeEvaluator`;
+    an environment without evaluations passes an empty log)."""
+
+    records: list[EvaluationRecord]
+    turn: int
+    """Set by the loop before each tool call: evaluations are recorded under this turn."""
+
+
+class Episode:
+    """The state of one running episode: the ReAct loop over any :class:`ToolBox`.
+
+    :func:`run_episode` drives it with the kernel workdir's tools; other environments (the
+    trainer's synthetic sanity-check task) drive it with their own tools and first messages, so
+    every environment goes through the same loop, tool dispatch and trajectory format.
+    """
 
     def __init__(self, task: Task, policy: Policy, config: AgentConfig, episode_id: str, tools: ToolBox,
-                 evaluator: EpisodeEvaluator) -> None:
+                 evaluator: EvaluationLog, messages: list[dict[str, Any]]) -> None:
         self.task, self.policy, self.config, self.episode_id = task, policy, config, episode_id
         self.tools, self.evaluator = tools, evaluator
-        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt()},
-                                               {"role": "user", "content": task_prompt(task, evaluator.queue.config.device)}]
+        self.messages: list[dict[str, Any]] = list(messages)
         self.steps: list[Step] = []
         self.end_reason, self.error = "max_turns", None
         self.tokens = {"prompt": 0, "completion": 0}
@@ -178,6 +198,7 @@ class _Episode:
                               "content": content})
 
     def trajectory(self, final: dict[str, Any], sandbox: str, sample: int, device: str) -> Trajectory:
+        """The finished episode; ``final`` is the scoring of its outcome (an ``EvaluationRecord`` dict)."""
         self.timings["wall_s"] = time.monotonic() - self._started
         self.timings["final_eval_s"] = final["wait_s"] + final["seconds"]
         return Trajectory(

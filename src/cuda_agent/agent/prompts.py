@@ -28,6 +28,11 @@ def system_prompt() -> str:
     return _SYSTEM.format(skill=skill_text().strip())
 
 
+def device_note(device: str) -> str:
+    """What the target device means for the solution (CUDA kernels, or plain C++ on the CPU backend)."""
+    return _DEVICE_NOTES[device]
+
+
 def task_prompt(task: Task, device: str) -> str:
     """The user message that states the task: the reference module and the target device."""
     return (f"Task {task.id}: make `ModelNew` in model_new.py compute what `Model` in model.py computes, "

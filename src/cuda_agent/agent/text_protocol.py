@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+import uuid
+from typing import Any, Sequence
+
+from cuda_agent.agent.base import PolicyReply
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _CALL = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
@@ -90,3 +93,13 @@ def render_for_text_model(messages: list[dict[str, Any]], tools: list[dict[str, 
     for message in out:
         message.pop("tool_results", None)
     return out
+
+
+def reply_from_text(text: str, prompt_ids: Sequence[int], completion_ids: Sequence[int],
+                    finish_reason: str) -> PolicyReply:
+    """The :class:`PolicyReply` of a locally generated turn: the raw text as the message content,
+    its ``<tool_call>`` blocks parsed into ``tool_calls``, and the exact token ids kept."""
+    calls, errors = parse_tool_calls(text, f"call_{uuid.uuid4().hex[:8]}")
+    message = {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
+    return PolicyReply(message, len(prompt_ids), len(completion_ids), finish_reason, tuple(errors),
+                       tuple(prompt_ids), tuple(completion_ids))

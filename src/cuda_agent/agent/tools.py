@@ -239,7 +239,7 @@ class ToolBox:
             return ToolResult(f"unknown tool {name!r}; available: {', '.join(self.tools)}", ok=False)
         try:
             parsed = json.loads(arguments or "{}")
-            _check_arguments(tool.parameters, parsed, name)
+            check_arguments(tool.parameters, parsed, name)
             return await tool.run(parsed)
         except json.JSONDecodeError as exc:
             return ToolResult(f"{name}: arguments are not valid JSON ({exc}); send one JSON object", ok=False)
@@ -279,7 +279,13 @@ def glob_regex(pattern: str) -> re.Pattern[str]:
     return re.compile("".join(out))
 
 
-def _check_arguments(schema: dict[str, Any], arguments: Any, name: str) -> None:
+def check_arguments(schema: dict[str, Any], arguments: Any, name: str) -> None:
+    """Check parsed ``arguments`` against a tool's JSON ``schema`` (what :class:`ToolBox` accepts;
+    the trainer's RFT filter uses it to find invalid calls in recorded trajectories).
+
+    Raises:
+        ToolError: not an object, missing or unknown keys, or a value of the wrong type.
+    """
     if not isinstance(arguments, dict):
         raise ToolError(f"arguments must be a JSON object, got {type(arguments).__name__}")
     properties = schema["properties"]
@@ -292,6 +298,16 @@ def _check_arguments(schema: dict[str, Any], arguments: Any, name: str) -> None:
         expected = _JSON_TYPES[properties[key]["type"]]
         if value is not None and (not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool)):
             raise ToolError(f"argument {key!r} must be a {properties[key]['type']}, got {type(value).__name__}")
+
+
+EPISODE_TOOLS: tuple[type[Tool], ...] = (BashTool, ReadFileTool, WriteFileTool, EditFileTool, GlobTool, GrepTool,
+                                         FinishTool)
+"""The standard tool set, in the order the policy sees it."""
+
+
+def episode_tool_schemas() -> list[dict[str, Any]]:
+    """The schemas an episode offers (the first prompt of every episode lists them)."""
+    return [tool.schema() for tool in EPISODE_TOOLS]
 
 
 def episode_tools(workdir: Workdir, shell: SandboxedShell, config: ToolConfig) -> ToolBox:

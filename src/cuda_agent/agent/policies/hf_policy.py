@@ -11,13 +11,13 @@ here: ``pip install 'cuda-agent[hf]'``.
 from __future__ import annotations
 
 import asyncio
-import uuid
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cuda_agent.agent.base import Policy, PolicyError, PolicyReply
-from cuda_agent.agent.text_protocol import parse_tool_calls, render_for_text_model
+from cuda_agent.agent.text_protocol import render_for_text_model, reply_from_text
 
 
 @dataclass(frozen=True)
@@ -42,11 +42,16 @@ class HFConfig:
     """How long the first request of a batch waits for others to join."""
     seed: int | None = None
     """Seed torch's generator once when the model loads (reproducible sampling)."""
+    autocast: str | None = None
+    """Generate under ``torch.autocast`` with this dtype (``bfloat16`` or ``float16``): for a model
+    kept in float32 (a trainer's mixed-precision actor) on a GPU; None: the model's own dtype."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "model_path", Path(self.model_path))
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"hf.dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.autocast not in (None, "bfloat16", "float16"):
+            raise ValueError(f"hf.autocast must be bfloat16, float16 or null, got {self.autocast!r}")
         if self.max_new_tokens < 1 or self.max_batch < 1:
             raise ValueError("hf.max_new_tokens and hf.max_batch must be >= 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.batch_wait_s < 0:
@@ -65,31 +70,40 @@ class Generation:
 
 
 class HFPolicy(Policy):
+    """Args:
+        config: which model and how to sample.
+        model, tokenizer: an already loaded model and its tokenizer to generate with instead of
+            loading ``config.model_path`` (a trainer's actor, updated in place between rollouts;
+            ``model_path`` then only names it in trajectories).
+    """
+
     name = "hf"
 
-    def __init__(self, config: HFConfig) -> None:
+    def __init__(self, config: HFConfig, model: Any = None, tokenizer: Any = None) -> None:
         try:
             import torch
             from transformers import AutoModelForCausalLM, AutoTokenizer
         except ImportError:
             raise PolicyError("the hf policy needs transformers: pip install 'cuda-agent[hf]'") from None
-        if not (config.model_path / "config.json").is_file():
-            raise PolicyError(f"{config.model_path}: not a transformers model folder (no config.json)")
         self.config, self._torch = config, torch
+        if model is None and not (config.model_path / "config.json").is_file():
+            raise PolicyError(f"{config.model_path}: not a transformers model folder (no config.json)")
         if config.seed is not None:
             torch.manual_seed(config.seed)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.model_path)
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(config.model_path)
         if self.tokenizer.chat_template is None:
             raise PolicyError(f"{config.model_path}: the tokenizer has no chat template")
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token_id is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=getattr(torch, config.dtype))
-        if config.adapter_path is not None:
-            from peft import PeftModel
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(config.model_path, dtype=getattr(torch, config.dtype))
+            if config.adapter_path is not None:
+                from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, config.adapter_path)
-        self.model = model.to(config.device).eval()
+                model = PeftModel.from_pretrained(model, config.adapter_path)
+            model = model.to(config.device)
+        self.model = model.eval()
         self._pending: list[tuple[tuple[int, ...], asyncio.Future]] = []
         self._batcher: asyncio.Task | None = None
 
@@ -117,7 +131,9 @@ class HFPolicy(Policy):
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         sampling = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p} \
             if cfg.temperature > 0 else {"do_sample": False}
-        with torch.no_grad():
+        autocast = torch.autocast(torch.device(cfg.device).type, dtype=getattr(torch, cfg.autocast)) \
+            if cfg.autocast else contextlib.nullcontext()
+        with torch.no_grad(), autocast:
             output = self.model.generate(input_ids=input_ids.to(cfg.device), attention_mask=attention.to(cfg.device),
                                          max_new_tokens=cfg.max_new_tokens, pad_token_id=tok.pad_token_id,
                                          eos_token_id=tok.eos_token_id, **sampling)
@@ -136,10 +152,8 @@ class HFPolicy(Policy):
         if self._batcher is None or self._batcher.done():
             self._batcher = asyncio.create_task(self._run_batches())
         generation: Generation = await future
-        calls, errors = parse_tool_calls(generation.text, f"call_{uuid.uuid4().hex[:8]}")
-        message = {"role": "assistant", "content": generation.text, **({"tool_calls": calls} if calls else {})}
-        return PolicyReply(message, len(prompt), len(generation.completion_ids), generation.finish_reason,
-                           tuple(errors), generation.prompt_ids, generation.completion_ids)
+        return reply_from_text(generation.text, generation.prompt_ids, generation.completion_ids,
+                               generation.finish_reason)
 
     async def _run_batches(self) -> None:
         while self._pending:

@@ -1,0 +1,108 @@
+"""``CudaAgentLoop``: the cuda-agent episode as a verl agent loop (name ``cuda_agent``).
+
+Register it with verl through ``actor_rollout_ref.rollout.agent.agent_loop_config_path`` pointing
+at ``configs/verl/agent_loop.yaml`` (verl reads the name and class from there), and give the
+dataset rows ``agent_name: cuda_agent`` (``cuda-agent train verl-data`` does). Each row's
+``extra_info`` carries the task (``task_id``, ``task_code``). :func:`register` does the same
+registration from Python.
+
+One call of :meth:`CudaAgentLoop.run` is one episode of :func:`cuda_agent.agent.run_episode`:
+the sandboxed workdir, the tools and the protected build/verify/profile commands, with
+:class:`~.policy.VerlServerPolicy` generating through verl's server manager. The output is the
+episode's token sequence with its response mask, and ``reward_score`` is the trusted evaluator's
+verdict on the final workdir (so verl's reward function is not called for these rows).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import register as verl_register
+
+from cuda_agent.agent.evaluation import EvaluationQueue
+from cuda_agent.agent.loop import initial_messages, run_episode
+from cuda_agent.environment import Task
+from cuda_agent.train.verl.data import task_from_row
+from cuda_agent.train.verl.policy import VerlServerPolicy
+from cuda_agent.train.verl.settings import VerlSettings
+
+logger = logging.getLogger(__name__)
+
+AGENT_NAME = "cuda_agent"
+SETTINGS_KEY = "cuda_agent"
+
+
+class _Shared:
+    """What the episodes of one worker process share: settings, and per event loop one evaluation
+    queue (its slots bound the evaluations at once; its evaluator is the pool, if configured)."""
+
+    lock = threading.Lock()
+    queues: dict[int, EvaluationQueue] = {}
+    evaluator: Any = None
+
+    @classmethod
+    def queue(cls, settings: VerlSettings) -> EvaluationQueue:
+        loop = id(asyncio.get_running_loop())
+        with cls.lock:
+            if settings.pool is not None and cls.evaluator is None:
+                from cuda_agent.pool import open_pool
+                from cuda_agent.train.rewards import pool_evaluator
+
+                cls.evaluator = pool_evaluator(open_pool(settings.evaluation, settings.pool))
+            if loop not in cls.queues:
+                cls.queues[loop] = EvaluationQueue(settings.evaluation, settings.evaluation_slots, cls.evaluator)
+            return cls.queues[loop]
+
+
+class CudaAgentLoop(AgentLoopBase):
+    """One cuda-agent episode per dataset row (see the module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = VerlSettings.from_section(self.config.get(SETTINGS_KEY))
+        self.response_length = int(self.rollout_config.response_length)
+        window = int(self.rollout_config.prompt_length) + self.response_length
+        agent = self.settings.agent
+        if agent.context.window_tokens < window:  # the policy needs the whole history (append-only ids)
+            wide = agent.replace(context=dataclasses.replace(agent.context, window_tokens=window))
+            self.settings = dataclasses.replace(self.settings, agent=wide)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        task = task_from_row(kwargs.get("extra_info"))
+        policy = VerlServerPolicy(self, sampling_params, self.response_length)
+        queue = _Shared.queue(self.settings)
+        try:
+            trajectory = await run_episode(task, policy, self.settings.agent, queue)
+            reward, extra = float(trajectory.reward), {
+                "end_reason": trajectory.end_reason, "turns": trajectory.turns,
+                "final": (trajectory.final or {}).get("summary", "")[:500]}
+        except Exception as exc:  # the harness failed (not the policy): no verdict for this episode
+            logger.exception("cuda-agent episode of %s failed", task.id)
+            reward, extra = -1.0, {"end_reason": "harness_error", "turns": policy.generations, "final": str(exc)[:500]}
+            trajectory = None
+        if not policy.token_ids:  # the episode ended before the first generation
+            await policy.start(*self._first_messages(task))
+        timings = trajectory.timings if trajectory is not None else {}
+        metrics = AgentLoopMetrics(generate_sequences=timings.get("policy_s", 0.0),
+                                   tool_calls=timings.get("tools_s", 0.0))
+        length = self.response_length
+        return AgentLoopOutput(
+            prompt_ids=policy.prompt_ids, response_ids=policy.response_ids[:length],
+            response_mask=policy.response_mask[:length],
+            response_logprobs=policy.response_logprobs[:length] if policy.response_logprobs else None,
+            reward_score=reward, num_turns=len(trajectory.messages) if trajectory else 2, metrics=metrics,
+            extra_fields={"turn_scores": [], "tool_rewards": [], "cuda_agent": extra})
+
+    def _first_messages(self, task: Task) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return initial_messages(task, self.settings.evaluation.device), []
+
+
+def register(name: str = AGENT_NAME) -> type[CudaAgentLoop]:
+    """Register :class:`CudaAgentLoop` in verl's agent-loop registry under ``name`` (what
+    ``agent_loop_config_path`` does from a file)."""
+    return verl_register(name)(CudaAgentLoop)
