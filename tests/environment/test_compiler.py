@@ -11,7 +11,7 @@ import pytest
 
 from cuda_agent.environment.build import build_solution
 from cuda_agent.environment.compiler import first_include
-from cuda_agent.environment.config import BuildConfig
+from cuda_agent.environment.config import BuildConfig, SandboxConfig
 from cuda_agent.environment.nvcc_phases import _plan
 from cuda_agent.environment.solution import load_solution
 
@@ -62,14 +62,16 @@ def test_nvcc_plan_refuses_command_lists_it_does_not_know() -> None:
 def test_rebuild_after_a_kernel_edit_compiles_only_the_edited_unit(tmp_path: Path, session_cache_dir: Path) -> None:
     """Two cold builds of the CPU ReLU workdir that differ in relu.cpp only: the second takes the
     binding's and the generated module's objects from the cache; units that include
-    torch/extension.h first use the precompiled header."""
+    torch/extension.h first use the precompiled header. The object cache serves unsandboxed builds
+    only (as root a build is sandboxed and its objects stay private: test_build_sandbox), so the
+    sandbox is off here."""
     stats, run = [], secrets.token_hex(8)  # new sources even on a cache kept between test runs
     for edit in ("first", "second"):
         root = tmp_path / edit
         shutil.copytree(EXAMPLES / "solutions" / "cpu_workdir" / "relu", root)
         kernel = root / "kernels" / "relu.cpp"
         kernel.write_text(kernel.read_text() + f"\n// edit {edit} of {run}\n")
-        built = build_solution(load_solution(root), "cpu", BuildConfig(), session_cache_dir)
+        built = build_solution(load_solution(root), "cpu", BuildConfig(), session_cache_dir, SandboxConfig(mode="off"))
         assert not built.info.cached
         stats.append(built.info.compile_stats)
     assert stats[1]["units"] == 3 and stats[1]["object_cache_hits"] == 2, stats
