@@ -30,6 +30,7 @@ from cuda_agent.environment import load_task  # noqa: E402
 from cuda_agent.train.init_model import build_tokenizer, default_corpus  # noqa: E402
 from cuda_agent.train.verl.data import rl_rows  # noqa: E402
 from cuda_agent.train.verl.reward import close_pools, compute_score  # noqa: E402
+from cuda_agent.train.verl.settings import VerlSettings  # noqa: E402
 
 from support import EXAMPLES, REPO_ROOT  # noqa: E402
 
@@ -198,6 +199,8 @@ def test_example_configs_compose_with_verls_config_and_set_only_keys_it_has(name
     assert composed.actor_rollout_ref.actor.clip_ratio_high == 0.28
     assert (composed.algorithm.gamma, composed.algorithm.lam) == (1.0, 0.95)
     assert composed.cuda_agent.device == "cuda"
+    settings = VerlSettings.from_section(composed.cuda_agent)  # our own keys: agent (tools, context), pool, ...
+    assert settings.evaluation.device == "cuda"
     if name == "warmup":
         assert composed.reward.custom_reward_function.path == "pkg://cuda_agent.train.verl.reward"
         assert composed.reward.custom_reward_function.reward_kwargs.device == "cuda"
