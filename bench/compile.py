@@ -28,7 +28,7 @@ from benchlib import Budget, device_label, machine_details, make_variant, median
 
 from cuda_agent.environment import BuildConfig
 from cuda_agent.environment.build import CompileError, build_solution
-from cuda_agent.environment.compiler import ExtensionCompiler, torch_toolchain
+from cuda_agent.environment.build_sandbox import prepare_precompiled_headers
 from cuda_agent.environment.solution import load_solution
 
 DEFAULT_TASKS = ("relu", "softmax", "rmsnorm", "matmul")
@@ -49,10 +49,9 @@ def _baseline(solution: Path, workdir: bool) -> float:
 
 
 def _prebuild_pch(device: str, config: BuildConfig, cache_dir: Path) -> float:
-    """Build the precompiled header the candidates will use (once per toolchain); returns seconds."""
+    """Build the precompiled headers the candidates will use, the way evaluations do; returns seconds."""
     started = time.monotonic()
-    compiler = ExtensionCompiler(torch_toolchain(device == "cuda"), cache_dir, 1, tuple(config.extra_cflags))
-    compiler.precompiled_header_dir()
+    prepare_precompiled_headers(device, config, cache_dir)
     return time.monotonic() - started
 
 

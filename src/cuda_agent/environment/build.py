@@ -135,8 +135,7 @@ def _run_compile_child(place: BuildPlace, device: Device, config: BuildConfig, b
         "extra_cuda_cflags": list(config.extra_cuda_cflags),
         "result_path": str(place.result_path),
         "cache_dir": str(cache_dir),  # objects and precompiled headers live beside build/
-        "object_cache": not place.sandboxed,  # see build_sandbox: objects made where candidate code runs stay private
-        "build_pch": not place.sandboxed,
+        "sandboxed": place.sandboxed,  # see build_sandbox: objects made where candidate code runs stay private
         "jobs": config.max_jobs or os.cpu_count() or 1,
         "pch": config.precompiled_header,
         "lean": config.lean,

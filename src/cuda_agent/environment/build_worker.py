@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.environment.compiler import COMPILE_STATS, BuildFailed, ExtensionCompiler, Unit, torch_toolchain
+from cuda_agent.environment.compiler import COMPILE_STATS, ExtensionCompiler, Unit, torch_toolchain
 from cuda_agent.environment.loading import import_file
 from cuda_agent.environment.prebuilt import LeanBuilders
 from cuda_agent.environment.solution import EXTENSION_NAME
@@ -47,7 +47,7 @@ class _CompileFailed(Exception):
 def _compiler(spec: dict[str, Any], with_cuda: bool) -> ExtensionCompiler:
     return ExtensionCompiler(torch_toolchain(with_cuda), Path(spec["cache_dir"]), int(spec["jobs"]),
                              tuple(spec["extra_cflags"]) if spec["pch"] else None,
-                             object_cache=spec["object_cache"], build_pch=spec["build_pch"])
+                             sandboxed=spec["sandboxed"])
 
 
 def precompile(spec: dict[str, Any]) -> None:

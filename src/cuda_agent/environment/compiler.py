@@ -138,13 +138,13 @@ class ExtensionCompiler:
     """Compiles units into objects (cached) and links them into one Python extension module."""
 
     def __init__(self, toolchain: Toolchain, cache_dir: Path, jobs: int, pch_flags: tuple[str, ...] | None, *,
-                 object_cache: bool = True, build_pch: bool = True) -> None:
+                 sandboxed: bool = False) -> None:
         """``pch_flags``: the unit flags the precompiled header is built for (units with other
-        flags compile without it); None disables it. ``object_cache``: reuse and store objects
-        under ``<cache>/objects``. ``build_pch``: build a missing precompiled header; both are off
-        in a sandboxed build, to which the cache is read-only (see :mod:`build_sandbox`)."""
+        flags compile without it); None disables it. Objects are reused and stored under
+        ``<cache>/objects`` and a missing precompiled header is built, unless ``sandboxed``: the
+        cache is read-only to a sandboxed build and its objects stay private (see :mod:`build_sandbox`)."""
         self.toolchain, self.cache_dir, self.jobs, self.pch_flags = toolchain, cache_dir, max(1, jobs), pch_flags
-        self.object_cache, self.build_pch = object_cache, build_pch
+        self.sandboxed = sandboxed
         self.log: list[str] = []
         self.stats = dict.fromkeys(COMPILE_STATS, 0)
         self._stats_lock = threading.Lock()
@@ -181,7 +181,7 @@ class ExtensionCompiler:
         use_pch = pch_dir is not None and self._uses_pch(unit)
         command = self._command(name, unit, include_dirs, pch_dir if use_pch else None, stem.parent)
         key = self._object_key(unit, command, include_dirs)
-        cached = self.cache_dir / "objects" / key[:2] / f"{key}.o" if self.object_cache else None
+        cached = self.cache_dir / "objects" / key[:2] / f"{key}.o" if not self.sandboxed else None
         target = stem.with_name(stem.name + ".o")
         self._count("units")
         if cached is not None and cached.is_file():
@@ -243,7 +243,7 @@ class ExtensionCompiler:
     # -- precompiled header ----------------------------------------------------------------------
     def precompiled_header_dir(self) -> Path | None:
         """``<cache>/pch/<key>/`` holding ``torch/extension.h.gch`` (built here on first use, under
-        a lock, when ``build_pch``) beside the wrapper header it was compiled from; None when it is
+        a lock, unless ``sandboxed``) beside the wrapper header it was compiled from; None when it is
         missing and cannot be built."""
         assert self.pch_flags is not None
         key = hashlib.sha256((self.toolchain.cxx_fingerprint + "\0".join(self.pch_flags)).encode()).hexdigest()[:32]
@@ -251,7 +251,7 @@ class ExtensionCompiler:
         gch = directory / (PCH_HEADER + ".gch")
         if gch.is_file():
             return directory
-        if not self.build_pch:
+        if self.sandboxed:
             return None
         directory.mkdir(parents=True, exist_ok=True)
         with open(directory / ".lock", "w") as lock:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from cuda_agent.train import algorithms
 from cuda_agent.train.checkpoint import Stateful
 from cuda_agent.train.config import OptimConfig
