@@ -1,8 +1,10 @@
-"""Merge the JSON results of bench/compile.py, bench/timing.py and bench/throughput.py into one.
+"""Merge the JSON results of bench/compile.py, bench/timing.py, bench/throughput.py and
+bench/verify_latency.py into one.
 
 The merged object has the headline keys at the top level (``device``, ``compile_median_s``,
 ``baseline_compile_median_s``, ``evals_per_gpu_hour``, ``baseline_evals_per_gpu_hour``,
-``timing_cv``, ...) and each input under its script's name. Inputs must come from one device.
+``timing_cv``, ``warm_eval_median_s``, ``cli_verify_cached_s``, ...) and each input under its
+kind's name (compile, timing, throughput, latency). Inputs must come from one device.
 
     python bench/merge.py bench/results/compile_cuda.json bench/results/timing_cuda.json \\
         bench/results/throughput_cuda.json --out bench/results/perf_cuda_h100.json
@@ -19,6 +21,7 @@ HEADLINE = {
     "compile": ("compile_median_s", "baseline_compile_median_s", "compile_speedup", "pch_build_s"),
     "timing": ("timing_cv", "timing_agreement"),
     "throughput": ("evals_per_gpu_hour", "baseline_evals_per_gpu_hour", "throughput_ratio", "gpu_busy_fraction"),
+    "latency": ("warm_eval_median_s", "cli_verify_cached_s", "verify_cached_median_s", "verify_uncached_median_s"),
 }
 
 

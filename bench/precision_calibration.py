@@ -56,7 +56,8 @@ import torch
 import torch.nn.functional as F
 
 from cuda_agent.environment import precision
-from cuda_agent.environment.precision import POLICIES, References, tf32_enabled
+from cuda_agent.environment.comparison import References, tf32_enabled
+from cuda_agent.environment.precision import POLICIES
 
 EPS32 = torch.finfo(torch.float32).eps
 LOG2E = 1.4426950408889634

@@ -40,6 +40,7 @@ from cuda_agent.environment.build import CompileError, build_solution
 from cuda_agent.environment.compiler import ExtensionCompiler, torch_toolchain
 from cuda_agent.environment.slots import Prestarter
 from cuda_agent.environment.solution import load_solution
+from cuda_agent.pool.work import PRESTART_SLOTS
 
 TASKS = ("relu", "softmax", "rmsnorm", "row_sum", "add_relu_mul", "matmul")
 
@@ -60,7 +61,7 @@ def evaluate_jobs(jobs: list[Job], config: EvalConfig, build_parallel: int, budg
     the order the builds finish. Stops starting evaluations when ``budget`` is spent.
     """
     results = []
-    with ThreadPoolExecutor(max_workers=build_parallel) as builders, Prestarter(config) as prestarted:
+    with ThreadPoolExecutor(max_workers=build_parallel) as builders, Prestarter(config, count=PRESTART_SLOTS) as prestarted:
         builds = {builders.submit(_build_quietly, job, config): job for job in jobs}
         for build in as_completed(builds):
             if budget.spent():
@@ -138,6 +139,17 @@ def _run_ours(jobs: list[Job], config: EvalConfig, build_parallel: int, budget: 
             "statuses": [v.status.value for v in verdicts]}
 
 
+def _accounting(ours: dict) -> dict[str, float]:
+    """Where every second of the timed run went, summed over its evaluations (each evaluation's
+    phases add up to its total); ``waiting_for_builds_s`` is the rest of the wall time, when the
+    GPU worker had no built candidate to evaluate."""
+    phases = ours["phase_seconds"]
+    seconds = {f"{k}_s": sum(p.get(k, 0.0) for p in phases) for k in sorted({k for p in phases for k in p} - {"total"})}
+    evaluating = sum(p.get("total", 0.0) for p in phases)
+    return {"wall_s": ours["wall_s"], "evaluating_s": evaluating, **seconds,
+            "waiting_for_builds_s": max(0.0, ours["wall_s"] - evaluating)}
+
+
 def _run_baseline(jobs: list[Job], device: str, budget_s: float) -> dict:
     """The KernelBench-style harness in one fresh process, candidates one after another."""
     script = (
@@ -200,7 +212,8 @@ def main() -> None:
         "throughput_ratio": ours["evals_per_hour"] / baseline["evals_per_hour"],
         "gpu_busy_fraction": ours["gpu_busy_fraction"], "baseline_gpu_busy_fraction": baseline["gpu_busy_fraction"],
         "median_eval_phase_seconds": {k: median([p[k] for p in ours["phase_seconds"] if k in p])
-                                      for k in ("workers", "build", "prepare", "load", "verify", "profile", "total")},
+                                      for k in sorted({k for p in ours["phase_seconds"] for k in p})},
+        "where_the_seconds_went": _accounting(ours),
         "prepared_before_clock": prepared, "build_parallel": build_parallel, "build_max_jobs": config.build.max_jobs,
         "cuda_agent": ours, "baseline": baseline,
     }

@@ -1,9 +1,13 @@
-"""Wall time of one full ``verify`` (build uncached and cached) and repeatability of ``candidate_ms``.
+"""Latency of one verdict: uncached, cached, warm (prestarted), and ``cuda-agent verify`` as typed.
 
 Runs one sample task/solution pair through the whole pipeline: N times with a fresh build (the
 solution is copied with a unique trailing comment, so the build cache cannot help), N times with
-the build cached, and reports the median wall time of each and the coefficient of variation of
-``candidate_ms`` over the cached runs. Prints a one-line summary and writes JSON.
+the build cached, N times with the build cached and the workers prestarted (what an agent's or a
+trainer's repeated evaluations see: ``warm_eval_median_s``), and a few times as a user types it
+(``cuda-agent verify TASK SOLUTION --json`` in a fresh process, build cached:
+``cli_verify_cached_s``). Reports the medians, the coefficient of variation of ``candidate_ms``
+over the cached runs, and the median ``phase_seconds`` of the warm runs. Prints a one-line summary
+and writes JSON.
 
     python bench/verify_latency.py --device cuda --task relu --runs 10 --out bench/results/verify_latency_cuda.json
 """
@@ -12,16 +16,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from cuda_agent.cli import default_device, examples_dir
-from cuda_agent.environment import EvalConfig, TimingConfig, evaluate, load_task
+from benchlib import device_label, machine_details
+
+from cuda_agent.cli import examples_dir
+from cuda_agent.cli_support import default_device
+from cuda_agent.environment import EvalConfig, Prestarter, TimingConfig, evaluate, load_task
+from cuda_agent.pool.work import PRESTART_SLOTS
 
 
 def _variant(solution: Path, index: int, workspace: Path) -> Path:
@@ -37,13 +47,25 @@ def _variant(solution: Path, index: int, workspace: Path) -> Path:
     return target
 
 
-def _timed(task, solution: Path, config: EvalConfig) -> tuple[float, object]:
+def _timed(task, solution: Path, config: EvalConfig, prestarted: Prestarter | None = None) -> tuple[float, object]:
     started = time.perf_counter()
-    verdict = evaluate(task, solution, config)
+    verdict = evaluate(task, solution, config, prestarted=prestarted)
     elapsed = time.perf_counter() - started
     if not verdict.correct:
         raise SystemExit(f"benchmark candidate failed: {verdict.status.value}: {verdict.error}")
     return elapsed, verdict
+
+
+def _cli_verify(task: Path, solution: Path, device: str, cache_dir: Path) -> float:
+    """Wall seconds of ``cuda-agent verify TASK SOLUTION --json`` in a fresh process."""
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "verify", str(task), str(solution), "--device",
+                             device, "--json"], capture_output=True, text=True,
+                            env={**os.environ, "CUDA_AGENT_CACHE_DIR": str(cache_dir)})
+    elapsed = time.perf_counter() - started
+    if result.returncode != 0 or not json.loads(result.stdout or "{}").get("correct"):
+        raise SystemExit(f"cuda-agent verify failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return elapsed
 
 
 def main() -> None:
@@ -53,6 +75,7 @@ def main() -> None:
     parser.add_argument("--layout", default="single", choices=["single", "workdir"])
     parser.add_argument("--runs", type=int, default=10, help="cached runs (CV is taken over these)")
     parser.add_argument("--uncached-runs", type=int, default=3)
+    parser.add_argument("--cli-runs", type=int, default=3, help="`cuda-agent verify` runs (build cached)")
     parser.add_argument("--out", type=Path, default=None, help="JSON output path")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="build/baseline cache to use (default: a fresh temporary one)")
@@ -69,23 +92,33 @@ def main() -> None:
         _timed(task, solution, config)  # warm the baseline cache, so every measured run sees the same work
         uncached = [_timed(task, _variant(solution, i, workspace), config)[0] for i in range(args.uncached_runs)]
         cached_runs = [_timed(task, solution, config) for _ in range(args.runs)]
+        with Prestarter(config, count=PRESTART_SLOTS) as prestarted:
+            warm_runs = [_timed(task, solution, config, prestarted) for _ in range(args.runs)]
+        cli_runs = [_cli_verify(root / "tasks" / f"{args.task}.py", solution, device, config.cache_dir) for _ in range(args.cli_runs)]
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     cached = [t for t, _ in cached_runs]
     candidate_ms = [v.candidate_ms for _, v in cached_runs]
     cv = statistics.stdev(candidate_ms) / statistics.fmean(candidate_ms)
     environment = cached_runs[0][1].environment
+    details = machine_details()
     result = {
-        "device": environment.get("gpu") or environment.get("cpu"),
+        "device": device_label(details), "machine": details,
         "environment": environment,
         "host": {"machine": platform.machine(), "python": sys.version.split()[0]},
         "task": args.task, "layout": args.layout, "solution": str(solution),
         "verify_uncached_median_s": statistics.median(uncached), "verify_uncached_s": uncached,
         "verify_cached_median_s": statistics.median(cached), "verify_cached_s": cached,
         "candidate_ms": candidate_ms, "candidate_ms_cv": cv,
+        "warm_eval_median_s": statistics.median(t for t, _ in warm_runs), "warm_eval_s": [t for t, _ in warm_runs],
+        "warm_eval_median_phase_seconds": {
+            phase: statistics.median(v.phase_seconds.get(phase, 0.0) for _, v in warm_runs)
+            for phase in warm_runs[0][1].phase_seconds},
+        "cli_verify_cached_s": statistics.median(cli_runs), "cli_verify_cached_runs_s": cli_runs,
     }
     print(f"{args.task} ({args.layout}, {device}): verify uncached median {result['verify_uncached_median_s']:.1f} s, "
-          f"cached median {result['verify_cached_median_s']:.1f} s; candidate_ms CV over {args.runs} runs {cv:.2%}")
+          f"cached median {result['verify_cached_median_s']:.1f} s, warm median {result['warm_eval_median_s']:.2f} s, "
+          f"`cuda-agent verify` cached {result['cli_verify_cached_s']:.1f} s; candidate_ms CV over {args.runs} runs {cv:.2%}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

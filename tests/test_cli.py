@@ -182,3 +182,15 @@ def test_demo_on_cpu_evaluates_every_sample_and_exits_0(cli, cli_env, fast_confi
         assert task in out
     assert "workdir" in out and "single-file" in out
     assert "correct" in out and "failed" not in result.stderr
+
+
+def test_the_command_parent_never_imports_torch_to_verify(cli_env) -> None:
+    """`cuda-agent verify` (and every other command's parent) starts without torch: its seconds of
+    import belong to the workers, which have it loaded before the evaluation needs them."""
+    import sys
+
+    probe = ("import sys, cuda_agent.cli, cuda_agent.environment.evaluator, cuda_agent.cli_support as s; "
+             "s.default_device(); print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=cli_env)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from cuda_agent.environment import POLICIES
-from cuda_agent.environment.precision import FAITHFUL_ERROR_RATIO_LIMIT, References
+from cuda_agent.environment.comparison import References
+from cuda_agent.environment.precision import FAITHFUL_ERROR_RATIO_LIMIT
 
 FAITHFUL = POLICIES.get("faithful")
 KERNELBENCH = POLICIES.get("kernelbench")

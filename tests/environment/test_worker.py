@@ -51,8 +51,38 @@ def test_request_returns_the_reply_and_the_worker_serves_many(start_worker) -> N
     worker = start_worker()
     for value in (1, "two", [3]):
         assert worker.request({"op": "echo", "value": value}, timeout_s=30) == {"ok": True, "value": value}
-    worker.close()
+    worker.close(graceful_s=30)
     assert worker.proc.returncode == 0
+    assert_gone(worker)
+
+
+def test_pipelined_requests_are_answered_in_order_and_background_replies_are_taken_first(start_worker) -> None:
+    worker = start_worker()
+    worker.send({"op": "echo", "value": "warm"}, background=True)
+    for value in range(5):
+        worker.send({"op": "echo", "value": value})
+    assert [worker.receive(timeout_s=30)["value"] for _ in range(5)] == [0, 1, 2, 3, 4]
+    assert [op for op, _ in worker.request_seconds] == ["echo"] * 6
+    with pytest.raises(WorkerProtocolError, match="without a request"):
+        worker.receive(timeout_s=1)
+
+
+def test_a_failed_background_request_raises_at_the_next_receive(start_worker) -> None:
+    worker = start_worker()
+    worker.send({"op": "raise", "value": 3}, background=True)
+    worker.send({"op": "echo", "value": 1})
+    with pytest.raises(RemoteError, match="toy failure: 3"):
+        worker.receive(timeout_s=30)
+    assert worker.receive(timeout_s=30)["value"] == 1
+
+
+def test_close_kills_at_once_without_waiting_for_a_graceful_exit(start_worker) -> None:
+    worker = start_worker()
+    worker.send({"op": "hang"})
+    started = time.monotonic()
+    worker.close()
+    assert time.monotonic() - started < 2.0
+    assert worker.proc.returncode == -signal.SIGKILL
     assert_gone(worker)
 
 

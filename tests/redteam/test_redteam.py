@@ -259,7 +259,7 @@ def test_cheat_is_rejected_with_the_default_config(row: Row, solution_dir, redte
     verdict = run_evaluation(_task(row), solution_dir(row.fixture), redteam_config(precision=row.precision))
     _assert_outcome(verdict, _default_outcome(row))
     if isinstance(row.static, tuple) and row.static:
-        assert not verdict.compiled and "build" not in verdict.phase_seconds, "rejected before building"
+        assert not verdict.compiled and verdict.build is None, "rejected before building"
 
 
 # -- the runtime layer alone (static guards off) ---------------------------------------------------------

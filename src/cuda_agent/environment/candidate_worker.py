@@ -27,10 +27,13 @@ from cuda_agent.environment.loading import (
 )
 from cuda_agent.environment.solution import EXTENSION_NAME
 from cuda_agent.environment.timing import FreshInputs, make_timer, measure
-from cuda_agent.environment.worker import serve
+from cuda_agent.environment.worker import serve, warm_device
 
 DEFERRED_WORK_WAIT_S = 0.05
 """How long outputs must stay unchanged after forward() returned and the device was synchronised."""
+SETTLE_HOLD_BYTES = 2 * 2**30
+"""Most bytes of outputs (and their snapshots) held for one shared deferred-work window; a trial
+that would hold more has its own window at once."""
 
 
 def _same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -51,6 +54,18 @@ class CandidateWorker:
         self._snapshot = HarnessSnapshot(globals())
         self._extension = ExtensionCallCounter()
         self._extension.install()
+        self._unsettled: list[tuple[int, list[torch.Tensor], list[torch.Tensor]]] = []
+        """``(trial, outputs, snapshots)`` of trials whose deferred-work window is still open."""
+        self._changed: list[int] = []
+        """Trials whose window closed early (too much held) and whose outputs changed in it."""
+
+    def warm(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Prestart: the device, and the dispatcher machinery the runtime op check uses (its first
+        use imports ``torch._dynamo``, seconds that would otherwise land in the first trial)."""
+        warm_device(msg)
+        with torch.no_grad(), recorded_aten_ops():
+            torch.ones(2, device=msg["device"]).add_(1)
+        return {}
 
     def _tampering(self) -> list[dict[str, str]]:
         changed = self._snapshot.changed()
@@ -85,7 +100,8 @@ class CandidateWorker:
         return {"notes": notes}
 
     def run(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Run the candidate on one saved input set; save its outputs; report runtime-rule breaks."""
+        """Run the candidate on one saved input set; save its outputs; report runtime-rule breaks.
+        Whether the outputs change after return is judged by :meth:`settle`, once for all trials."""
         assert self.model is not None
         pristine = tensor_io.load(Path(msg["inputs_path"]), self.device)
         inputs = clone_tree(pristine)
@@ -94,14 +110,41 @@ class CandidateWorker:
             outputs = self.model(*inputs)
             self._sync()
         violations = self._check(outputs, inputs, pristine, self.device) + self._tampering()
-        violations += self._deferred_work(outputs, threads_before)
+        if threading.active_count() > threads_before:
+            violations.append({"code": "thread-left-running",
+                               "message": "forward() left Python threads running after it returned"})
         if msg["require_extension_call"]:
             violations += self._torch_did_the_work(calls_before, ops)
         try:
             tensor_io.save(outputs, Path(msg["outputs_path"]))
         except tensor_io.TensorFormatError as exc:
             violations.append({"code": "output-unsupported-type", "message": f"forward() returned something that is not tensors: {exc}"})
+        self._hold_for_settle(int(msg.get("trial", 0)), outputs)
         return {"violations": violations}
+
+    def _hold_for_settle(self, trial: int, outputs: Any) -> None:
+        tensors = [t for t in tensors_in(outputs) if isinstance(t, torch.Tensor)]
+        self._unsettled.append((trial, tensors, [t.clone() for t in tensors]))
+        held = sum(2 * t.numel() * t.element_size() for _, kept, _ in self._unsettled for t in kept)
+        if held > SETTLE_HOLD_BYTES:
+            self._changed += self._close_window()
+
+    def settle(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The deferred-work window of every trial run since the last settle: outputs that change
+        after forward() returned and the device was synchronised (a side stream or thread finishing
+        the result outside the timed region). One wait for all trials instead of one per trial."""
+        changed, self._changed = self._changed + self._close_window(), []
+        return {"changed": changed}
+
+    def _close_window(self) -> list[int]:
+        if not self._unsettled:
+            return []
+        time.sleep(DEFERRED_WORK_WAIT_S)
+        self._sync()
+        changed = [trial for trial, kept, snapshots in self._unsettled
+                   if any(not _same_values(a, b) for a, b in zip(snapshots, kept))]
+        self._unsettled = []
+        return changed
 
     def _torch_did_the_work(self, calls_before: int, ops: list[str]) -> list[dict[str, str]]:
         violations = []
@@ -119,23 +162,6 @@ class CandidateWorker:
     def _sync(self) -> None:
         if self.device == "cuda":
             torch.cuda.synchronize()
-
-    def _deferred_work(self, outputs: Any, threads_before: int) -> list[dict[str, str]]:
-        """Work still happening after forward() returned: live Python threads it started, or
-        outputs that change after a device-wide sync and a short wait (a side stream or thread
-        finishing the result outside the timed region)."""
-        violations = []
-        if threading.active_count() > threads_before:
-            violations.append({"code": "thread-left-running",
-                               "message": "forward() left Python threads running after it returned"})
-        snapshot = [t.clone() for t in tensors_in(outputs) if isinstance(t, torch.Tensor)]
-        time.sleep(DEFERRED_WORK_WAIT_S)
-        self._sync()
-        after = [t for t in tensors_in(outputs) if isinstance(t, torch.Tensor)]
-        if any(not _same_values(a, b) for a, b in zip(snapshot, after)):
-            violations.append({"code": "output-changed-after-return",
-                               "message": "outputs kept changing after forward() returned and the device was synchronised"})
-        return violations
 
     def time(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Time ``forward`` on fresh perturbed inputs per call, auditing a random few timed calls.
@@ -268,7 +294,7 @@ def _transfer_weights(reference: torch.nn.Module, model: torch.nn.Module) -> lis
 
 def main() -> None:
     worker = CandidateWorker()
-    serve({"load": worker.load, "run": worker.run, "time": worker.time})
+    serve({"warm": worker.warm, "load": worker.load, "run": worker.run, "settle": worker.settle, "time": worker.time})
 
 
 if __name__ == "__main__":

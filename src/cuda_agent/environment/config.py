@@ -121,8 +121,11 @@ class TimingConfig:
     """Hard cap on timed calls."""
     target_rel_std_err: float = 0.005
     """Stop once std/sqrt(n)/mean is at most this (0.5 %)."""
-    budget_s: float = 5.0
-    """Wall-clock budget for one timed loop; the loop stops (flagged) when it runs out."""
+    budget_s: float = 1.5
+    """Wall-clock budget for one timed loop after its warm-up. Stopping rule: the loop ends as soon
+    as it has ``min_samples`` samples whose relative standard error of the mean is at most
+    ``target_rel_std_err``, or ``max_samples``, or, once this budget is spent and at least 3
+    samples exist, with what it has (``budget_exhausted`` in the stats)."""
     flush_l2: bool = True
     """On CUDA, overwrite a buffer twice the L2 size before every timed call."""
     compile_baseline: bool = True

@@ -9,14 +9,15 @@ over private pipes. Any crash, hang or OOM becomes a verdict, and both workers a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import secrets
 import shutil
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from cuda_agent.environment.baselines import BaselineCache
 from cuda_agent.environment.build import BuiltSolution, CompileError, build_solution
@@ -26,7 +27,7 @@ from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.reward import milestone_reward
 from cuda_agent.environment.solution import Layout, Solution, SolutionError, load_solution
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
-from cuda_agent.environment.timing import call_seed
+from cuda_agent.environment.call_seeds import call_seed
 from cuda_agent.environment.verdict import Status, TimingStats, TrialResult, Verdict, Violation
 from cuda_agent.environment.slots import Prestarter, WorkerSlot
 from cuda_agent.environment.worker import (
@@ -79,7 +80,8 @@ class _Evaluation:
         )
         self.prestarted = prestarted
         self.slot: WorkerSlot | None = None
-        self._phase_started = time.monotonic()
+        self._post_timing_trial: tuple[int, str] | None = None
+        self._phase_name, self._phase_started = "guards", time.monotonic()
 
     # -- driver --------------------------------------------------------------------------------
     def run(self) -> Verdict:
@@ -90,8 +92,10 @@ class _Evaluation:
         except _Stop as stop:
             self.verdict.status, self.verdict.error = stop.status, stop.error
         finally:
+            self._begin("teardown")
             if self.slot is not None:
                 self.slot.close()
+            self._begin("")
             self.verdict.phase_seconds["total"] = time.monotonic() - started
         self.verdict.correct = self.verdict.status is Status.CORRECT
         self.verdict.reward = milestone_reward(self.verdict.correct, self.verdict.speedup_vs_eager,
@@ -99,39 +103,53 @@ class _Evaluation:
         return self.verdict
 
     def _run_phases(self) -> None:
+        """The phases, each timed under its own name in ``verdict.phase_seconds``: together they
+        make up the wall time (the build's own time, which overlaps them, is ``verdict.build``)."""
         solution = self._load_inputs()
         with ThreadPoolExecutor(max_workers=1) as pool:
             build = pool.submit(build_solution, solution, self.config.device, self.config.build, self.config.cache_dir,
                                 self.config.sandbox)
+            self._begin("workers")
             self._take_slot()  # a cold start's interpreters start while the build runs
+            self._begin("prepare")
             self._lay_out(solution)
             self._load_reference()
             self.verdict.environment["sandbox"] = self.slot.lease.describe()
             trials = None if build.done() else self._prepare_trials()  # while the build runs
+            self._begin("build_wait")
             built = self._finish_build(build)
-        self._phase("prepare")
-        baselines = self._baselines() if self.profile else {}  # before any candidate code runs
+        self._begin("baselines")
+        with self._quiet_device():
+            baselines = self._baselines() if self.profile else {}  # before any candidate code runs
+        self._begin("load")
         with ThreadPoolExecutor(max_workers=1) as pool:
             # The reference makes the input sets while the candidate loads; this thread keeps
             # watching the candidate's limits.
             pending = pool.submit(self._prepare_trials) if trials is None else None
             self._load_candidate(built)
             trials = trials if pending is None else pending.result()
-        self._phase("load")
+        self._begin("verify")
         self._verify(trials)
-        self._phase("verify")
         if not self.profile:
             self.verdict.notes.append("verified only (profile=False): not timed, so the reward is at most 1")
             return
-        self._profile(baselines)
-        self._phase("profile")
-        if self.config.verify.post_timing_check:
-            self._verify([self._make_trial(self._trial_count, "post_timing")])
+        self._begin("profile")
+        with self._quiet_device():
+            self._profile(baselines)
+        if self._post_timing_trial is not None:
+            self._begin("post_timing")
+            self._ask_reference("write_inputs", {"index": self._post_timing_trial[0]})
+            self._verify([self._post_timing_trial])
 
-    def _phase(self, name: str) -> None:
+    def _quiet_device(self) -> contextlib.AbstractContextManager:
+        """While timing: no prestarted slot initialises its device context."""
+        return self.prestarted.quiet_device() if self.prestarted is not None else contextlib.nullcontext()
+
+    def _begin(self, name: str) -> None:
+        """End the running phase (its seconds go to ``phase_seconds``) and start ``name``."""
         now = time.monotonic()
-        self.verdict.phase_seconds[name] = now - self._phase_started
-        self._phase_started = now
+        self.verdict.phase_seconds[self._phase_name] = now - self._phase_started
+        self._phase_name, self._phase_started = name, now
 
     # -- phases --------------------------------------------------------------------------------
     @property
@@ -150,7 +168,6 @@ class _Evaluation:
             raise _Stop(Status.SOLUTION_ERROR, str(exc)) from None
         if self.config.guards.enabled:
             violations = run_static_guards(solution, self.config.guards)
-            self._phase("guards")
             if violations:
                 self.verdict.violations.extend(violations)
                 raise _Stop(Status.GUARD_VIOLATION, "; ".join(v.message for v in violations[:5]))
@@ -163,7 +180,6 @@ class _Evaluation:
         self.verdict.environment["prestarted"] = self.slot is not None
         if self.slot is None:
             self.slot = WorkerSlot(self.config)
-        self._phase("workers")
 
     def _lay_out(self, solution: Solution) -> None:
         """The task file (read-only to everyone) and a root-owned, read-only copy of the solution's
@@ -190,38 +206,40 @@ class _Evaluation:
         try:
             built = build.result()
         except CompileError as exc:
-            self.verdict.phase_seconds["build"] = time.monotonic() - self._phase_started
             detail = f"{exc}\n{exc.log_tail}".strip()
             raise _Stop(Status.TIMEOUT if exc.timed_out else Status.COMPILE_ERROR, detail) from None
         self.verdict.compiled = True
         self.verdict.build = built.info
-        self.verdict.phase_seconds["build"] = built.info.seconds
         shutil.copytree(built.extensions_dir, self.slot.extensions_dir)
         self.slot.lease.give_to_candidate(self.slot.extensions_dir)
         return built
 
     def _prepare_trials(self) -> list[tuple[int, str]]:
-        """Generate every correctness input set (and its references) from fresh secret seeds."""
+        """Generate every correctness input set (and its references) from fresh secret seeds, in
+        one pipelined batch of requests. The post-timing trial's set is made now too (its
+        references must not compete with the timed candidate for the device), but its file is
+        written only after timing ended."""
         kinds = ["standard"] * self.config.verify.trials
         if self.config.verify.perturbed_trials:
             kinds += ["scaled", "sign_symmetric"]
-        self._trial_count = len(kinds)
-        trials = []
+        post_timing = self.profile and self.config.verify.post_timing_check
+        if post_timing:
+            kinds.append("post_timing")
         for index, kind in enumerate(kinds):
-            trial = self._make_trial(index, kind)
-            if trial is not None:
-                trials.append(trial)
-        return trials
+            self._send_reference("make_inputs", {
+                "index": index, "kind": kind, "seed": secrets.randbits(63), "keep_inputs": index == _TIMED_TRIAL,
+                "scale": self.config.verify.perturb_scale, "path": str(self._inputs_path(index)),
+                "defer_write": kind == "post_timing",
+            })
+        made = [self._made_trial(index, kind, self._receive_reference("make_inputs")) for index, kind in enumerate(kinds)]
+        if post_timing:
+            self._post_timing_trial = made.pop()
+        return [trial for trial in made if trial is not None]
 
-    def _make_trial(self, index: int, kind: str) -> tuple[int, str] | None:
-        reply = self._ask_reference("make_inputs", {
-            "index": index, "kind": kind, "seed": secrets.randbits(63), "keep_inputs": index == _TIMED_TRIAL,
-            "scale": self.config.verify.perturb_scale, "path": str(self._inputs_path(index)),
-        })
+    def _made_trial(self, index: int, kind: str, reply: dict[str, Any]) -> tuple[int, str] | None:
         if reply.get("skipped"):
             self.verdict.notes.append(f"trial {index} ({kind}) skipped: {reply['skipped']}")
             return None
-        self._inputs_path(index).chmod(0o644)  # readable by the sandbox user whatever the umask
         if reply.get("fp64_error") and not any("float64" in n for n in self.verdict.notes):
             self.verdict.notes.append(
                 f"precision: the reference does not run in float64 ({reply['fp64_error']}); "
@@ -262,32 +280,44 @@ class _Evaluation:
         self.verdict.notes.extend(reply.get("notes", []))
 
     def _verify(self, trials: list[tuple[int, str] | None]) -> None:
-        """The candidate runs each trial and the reference checks it. The check of one trial runs
-        while the candidate runs the next; outcomes are still judged in trial order, exactly as
-        if one followed the other (a failed check wins over anything the next run did)."""
-        checking: tuple[int, str, Future] | None = None
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            for index, kind in [t for t in trials if t is not None]:
-                try:
-                    reply = self._run_trial(index, kind)
-                finally:  # also when the run failed: an earlier wrong result is the verdict
-                    if checking is not None:
-                        self._judge(*checking)
-                        checking = None
-                self._raise_on_violations(reply)
-                checking = (index, kind, pool.submit(self._ask_reference, "check", {
-                    "index": index, "path": str(self._outputs_path(index))}))
-            if checking is not None:
-                self._judge(*checking)
+        """The candidate runs every trial (pipelined requests), then closes one deferred-work
+        window for all of them; the reference checks each trial as soon as its run has replied.
+        Outcomes are judged in trial order, exactly as if one trial followed the other: trial
+        *i*'s run-time violations count only after trial *i − 1* was found correct, and a failed
+        run (crash, timeout) is reported only after the trials before it were judged."""
+        trials = [t for t in trials if t is not None]
+        for index, kind in trials:
+            self._inputs_path(index).chmod(0o644)  # readable by the sandbox user whatever the umask
+            self._send_candidate("run", {"trial": index, "inputs_path": str(self._inputs_path(index)),
+                                         "outputs_path": str(self._outputs_path(index)),
+                                         "require_extension_call": self.config.verify.require_extension_call})
+        self._send_candidate("settle", {})
+        runs: list[dict[str, Any]] = []
+        changed: set[int] = set()
+        failure: _Stop | None = None
+        try:
+            for index, kind in trials:
+                runs.append(self._receive_candidate("run", self.config.limits.candidate_timeout_s,
+                                                    context=f"trial {index} ({kind})"))
+                self._send_reference("check", {"index": index, "path": str(self._outputs_path(index))})
+            changed = set(self._receive_candidate("settle", self.config.limits.candidate_timeout_s)["changed"])
+        except _Stop as stop:
+            failure = stop
+        for position, reply in enumerate(runs):
+            if position > 0:
+                self._judge(*trials[position - 1])
+            self._raise_on_violations(reply)
+            if trials[position][0] in changed:
+                raise self._violation("output-changed-after-return", "outputs kept changing after forward() "
+                                      "returned and the device was synchronised")
+        if runs:
+            self._judge(*trials[len(runs) - 1])
+        if failure is not None:
+            raise failure
 
-    def _run_trial(self, index: int, kind: str) -> dict[str, Any]:
-        return self._ask_candidate("run", {"inputs_path": str(self._inputs_path(index)),
-                                           "outputs_path": str(self._outputs_path(index)),
-                                           "require_extension_call": self.config.verify.require_extension_call},
-                                   self.config.limits.candidate_timeout_s, context=f"trial {index} ({kind})")
-
-    def _judge(self, index: int, kind: str, checked: Future) -> None:
-        check = checked.result()  # _Stop if the reference failed
+    def _judge(self, index: int, kind: str) -> None:
+        """Receive the reference's check of trial ``index`` (the next reply it owes) and stop if it failed."""
+        check = self._receive_reference("check")
         result = TrialResult(index, kind, bool(check["passed"]), str(check["message"]),
                              check.get("max_abs_err"), check.get("error_ratio"))
         self.verdict.trials.append(result)
@@ -359,10 +389,11 @@ class _Evaluation:
         if len(calls) != expected or len(set(calls)) != expected or not all(isinstance(c, int) and c > 0 for c in calls):
             raise self._violation("timed-audit-missing", f"the timing reply did not report {expected} audited timed calls")
         for call in calls:
-            path = self.scratch / "out" / f"timed_{call}.bin"
-            check = self._ask_reference("audit", {"seed": call_seed(noise_seed, call), "path": str(path),
-                                                  "noise": self.config.timing.input_noise})
-            path.unlink(missing_ok=True)
+            self._send_reference("audit", {"seed": call_seed(noise_seed, call), "noise": self.config.timing.input_noise,
+                                           "path": str(self.scratch / "out" / f"timed_{call}.bin")})
+        checks = [self._receive_reference("audit") for _ in calls]  # all received before any is judged
+        for call, check in zip(calls, checks):
+            (self.scratch / "out" / f"timed_{call}.bin").unlink(missing_ok=True)
             if not check["passed"]:
                 raise self._violation("timed-output-incorrect", (
                     f"timed call {call} returned a wrong result ({check['message']}): the candidate computes "
@@ -391,19 +422,47 @@ class _Evaluation:
         return self.scratch / "out" / f"outputs_{index}.bin"
 
     def _ask_reference(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
+        self._send_reference(op, payload)
+        return self._receive_reference(op)
+
+    def _send_reference(self, op: str, payload: dict[str, Any]) -> None:
+        with self._reference_failures(op):
+            self.slot.reference.send({"op": op, **payload})
+
+    def _receive_reference(self, op: str) -> dict[str, Any]:
+        """The reply to the oldest request sent to the reference (``op`` names it in errors)."""
+        with self._reference_failures(op):
+            return self.slot.reference.receive(self.config.limits.task_timeout_s)
+
+    @contextlib.contextmanager
+    def _reference_failures(self, op: str) -> Iterator[None]:
         assert self.slot is not None and self.slot.reference is not None
         try:
-            return self.slot.reference.request({"op": op, **payload}, self.config.limits.task_timeout_s)
+            yield
         except RemoteError as exc:
             raise _Stop(Status.TASK_ERROR, f"reference '{op}' failed: {exc}\n{exc.traceback}".strip()) from None
         except WorkerError as exc:
             raise _Stop(Status.TASK_ERROR, f"reference worker failed during '{op}': {exc}\n{exc.log_tail}".strip()) from None
 
     def _ask_candidate(self, op: str, payload: dict[str, Any], timeout_s: float, context: str = "") -> dict[str, Any]:
+        self._send_candidate(op, payload)
+        return self._receive_candidate(op, timeout_s, context)
+
+    def _send_candidate(self, op: str, payload: dict[str, Any]) -> None:
+        with self._candidate_failures(op, ""):
+            self.slot.candidate.send({"op": op, **payload})
+
+    def _receive_candidate(self, op: str, timeout_s: float, context: str = "") -> dict[str, Any]:
+        """The reply to the oldest request sent to the candidate (``op``/``context`` name it in errors)."""
+        with self._candidate_failures(op, context):
+            return self.slot.candidate.receive(timeout_s)
+
+    @contextlib.contextmanager
+    def _candidate_failures(self, op: str, context: str) -> Iterator[None]:
         assert self.slot is not None and self.slot.candidate is not None
         where = f"'{op}'" + (f" ({context})" if context else "")
         try:
-            return self.slot.candidate.request({"op": op, **payload}, timeout_s)
+            yield
         except RemoteError as exc:
             status = Status.OUT_OF_MEMORY if _is_out_of_memory(exc) else Status.RUNTIME_ERROR
             raise _Stop(status, f"candidate raised during {where}: {exc}\n{_short_traceback(exc.traceback)}".strip()) from None

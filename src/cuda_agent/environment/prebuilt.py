@@ -7,7 +7,9 @@ extension's name, a hash of the call's arguments (sources, functions, flags; fil
 call by importing that library: the candidate process never runs a compiler, and a call whose
 arguments differ from the built one (sources generated differently at run time) is an error.
 Calls the lean path does not support (``is_python_module=False``, SYCL, ...) go to torch's builder
-in both processes, as before.
+in both processes, as before, and so does a call the lean path fails to build for any reason other
+than a compiler diagnostic in the candidate's own source (which torch's builder, compiling the same
+text with the same flags, would report too): whatever torch's builder accepts, the build accepts.
 """
 
 from __future__ import annotations
@@ -16,11 +18,15 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import logging
+import re
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from cuda_agent.environment.compiler import ExtensionCompiler, Unit
+from cuda_agent.environment.compiler import BuildFailed, ExtensionCompiler, Unit
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "prebuilt.json"
 _SUPPORTED = {
@@ -88,11 +94,18 @@ class LeanBuilders:
 
         def lean(*args: Any, **kwargs: Any) -> Any:
             arguments = bound_call(kind, builder, args, kwargs)
-            if arguments is None:
+            module, reason = None, "a call the lean path does not support"
+            if arguments is not None:
+                try:
+                    module = self._build(kind, arguments)
+                except BuildFailed as exc:
+                    if _diagnosed_in_candidate_source(str(exc), self.extensions_dir / arguments["name"], arguments):
+                        raise
+                    reason = f"the lean path failed ({str(exc).splitlines()[0]})"
+                    logger.info("%s: %s; building with torch's builder", arguments["name"], reason)
+            if module is None:
                 module = builder(*args, **kwargs)
-                self.manifest[str(kwargs.get("name", args[0] if args else ""))] = {"builder": "torch"}
-            else:
-                module = self._build(kind, arguments)
+                self.manifest[str(kwargs.get("name", args[0] if args else ""))] = {"builder": "torch", "reason": reason}
             self._write_manifest()
             return module
 
@@ -106,7 +119,7 @@ class LeanBuilders:
         has_cuda = any(u.is_cuda for u in units) or bool(arguments.get("with_cuda"))
         compiler = self.make_compiler(has_cuda)
         includes = tuple(Path(p).resolve() for p in _as_list(arguments.get("extra_include_paths")))
-        library = compiler.build(name, units, out_dir, includes, tuple(_as_list(arguments.get("extra_ldflags"))))
+        library = compiler.build(name, units, out_dir, includes, _flags(arguments.get("extra_ldflags")))
         self.manifest[name] = {"builder": "lean", "call": call_key(kind, arguments),
                                "library": str(library.relative_to(self.extensions_dir))}
         return import_library(name, library)
@@ -132,6 +145,15 @@ def _inline_units(arguments: dict[str, Any], out_dir: Path) -> list[Unit]:
         units.append(_write(out_dir / "cuda.cu", _INLINE_CUDA_HEADER + "\n".join(cuda),
                             _flags(arguments.get("extra_cuda_cflags"))))
     return units
+
+
+def _diagnosed_in_candidate_source(message: str, out_dir: Path, arguments: dict[str, Any]) -> bool:
+    """Whether a failed lean build's compiler output holds an error located in one of the
+    candidate's own source files (``file:line[:col]: error`` from gcc, ``file(line): error`` from
+    nvcc): then the candidate's code is wrong, not the build path."""
+    sources = [out_dir / "main.cpp", out_dir / "cuda.cu", *(Path(s).resolve() for s in _as_list(arguments.get("sources")))]
+    names = "|".join(re.escape(str(s)) for s in sources)
+    return re.search(rf"(?:{names})(?::\d+(?::\d+)?:|\(\d+\):) (?:fatal )?error", message) is not None
 
 
 def _file_units(arguments: dict[str, Any]) -> list[Unit]:

@@ -22,10 +22,11 @@ from cuda_agent.environment import tensor_io
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.degeneracy_probe import degeneracy_flags
 from cuda_agent.environment.loading import clone_tree, import_file, seed_all, tensors_in, to_device
-from cuda_agent.environment.precision import POLICIES, References, tf32_enabled
+from cuda_agent.environment.comparison import References, tf32_enabled
+from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.task import REQUIRED_NAMES
-from cuda_agent.environment.timing import FreshInputs, make_timer, measure, perturbed
-from cuda_agent.environment.worker import serve
+from cuda_agent.environment.timing import FreshInputs, make_timer, measure, perturbed, tree_bytes
+from cuda_agent.environment.worker import serve, warm_device
 
 
 def _to_double(tree):
@@ -39,6 +40,12 @@ def _to_double(tree):
 def _sync(device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
+
+
+DEVICE_REFERENCE_SHARE = 0.2
+"""Share of the GPU's memory the references of one evaluation may hold on the device (where the
+candidate's outputs are compared with them, without a copy to the host); past it they are kept in
+host memory and compared there."""
 
 
 class ReferenceWorker:
@@ -56,8 +63,24 @@ class ReferenceWorker:
         baselines (the model only ever sees perturbed copies or clones of them)."""
         self.draw_on_device = False
         self.policy = POLICIES.get("faithful")
+        self.deferred_inputs: dict[int, tuple[list, Path]] = {}
+        """Input sets made ahead whose file is written only when asked (the post-timing trial's,
+        made while the candidate is timed, must not exist before its timing ended)."""
+        self.device_reference_bytes = 0
+        self.driver = "unknown"
 
     # -- ops ---------------------------------------------------------------------------------
+    def warm(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Prestart: the device, the driver version (a subprocess, once per worker) and a first
+        comparison (its kernels and imports), before any task exists."""
+        warm_device(msg)
+        device = msg["device"]
+        if device == "cuda":
+            self.driver = _driver_version()
+        probe = torch.ones(4, device=device)
+        POLICIES.get("faithful").compare(probe, References(probe, probe.double()))
+        return {}
+
     def load(self, msg: dict[str, Any]) -> dict[str, Any]:
         self.device = msg["device"]
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -87,6 +110,7 @@ class ReferenceWorker:
         self.model = self.compiled = self.model64 = None
         self.public_inputs = None
         self.fp64_error = None
+        self.refs, self.deferred_inputs, self.device_reference_bytes = {}, {}, 0
         if torch.cuda.is_initialized():
             gc.collect()
             torch.cuda.empty_cache()
@@ -111,8 +135,17 @@ class ReferenceWorker:
         self.refs[index] = refs
         if msg.get("keep_inputs"):
             self.timed_inputs = inputs
-        tensor_io.save(inputs, Path(msg["path"]))
+        if msg.get("defer_write"):
+            self.deferred_inputs[index] = (inputs, Path(msg["path"]))
+        else:
+            tensor_io.save(inputs, Path(msg["path"]))
         return {"fp64_error": self.fp64_error}
+
+    def write_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Write the file of an input set made earlier with ``defer_write``."""
+        inputs, path = self.deferred_inputs.pop(msg["index"])
+        tensor_io.save(inputs, path)
+        return {}
 
     def audit(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Check the saved outputs of one timed call: recreate its perturbed inputs from this
@@ -121,32 +154,43 @@ class ReferenceWorker:
         return self._compare(Path(msg["path"]), self._references(list(inputs)))
 
     def _references(self, inputs: list) -> References:
+        """fp32 (TF32 off), float64 and, when the policy needs it, TF32-on outputs of the reference.
+        Kept on the device while they fit :data:`DEVICE_REFERENCE_SHARE` (checks then run there),
+        else moved to host memory."""
         device_inputs = to_device(inputs, self.device)
         with torch.no_grad():
             with tf32_enabled(False):
-                fp32 = to_device(self.model(*clone_tree(device_inputs)), "cpu")
+                fp32 = self.model(*clone_tree(device_inputs))
             fp64 = None
             if self.model64 is not None and self.fp64_error is None:
                 try:
-                    fp64 = to_device(self.model64(*_to_double(clone_tree(device_inputs))), "cpu")
+                    fp64 = self.model64(*_to_double(clone_tree(device_inputs)))
                 except Exception as exc:  # noqa: BLE001 - an op without a float64 kernel
                     self.fp64_error = f"{type(exc).__name__}: {exc}"
             ref_tf32 = None
             if self.policy.needs_tf32_reference and self.device == "cuda":
                 with tf32_enabled(True):
-                    ref_tf32 = to_device(self.model(*clone_tree(device_inputs)), "cpu")
-        _sync(self.device)
-        if self.device == "cuda":
-            torch.cuda.empty_cache()
-        return References(fp32, fp64, ref_tf32)
+                    ref_tf32 = self.model(*clone_tree(device_inputs))
+        refs = References(fp32, fp64, ref_tf32)
+        if self.device != "cuda":
+            return refs
+        held = tree_bytes([fp32, fp64, ref_tf32])
+        if self.device_reference_bytes + held <= DEVICE_REFERENCE_SHARE * _device_memory_bytes():
+            self.device_reference_bytes += held
+            return refs
+        refs = References(*(to_device(tree, "cpu") for tree in (fp32, fp64, ref_tf32)))
+        torch.cuda.empty_cache()
+        return refs
 
     def check(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Compare the candidate's saved outputs for trial ``index`` with the references."""
         return self._compare(Path(msg["path"]), self.refs[msg["index"]])
 
     def _compare(self, path: Path, refs: References) -> dict[str, Any]:
+        """Load the candidate's outputs where the references are and compare them there."""
+        device = next((t.device for t in tensors_in(refs.fp32)), torch.device("cpu"))
         try:
-            outputs = tensor_io.load(path)
+            outputs = tensor_io.load(path, device)
         except (tensor_io.TensorFormatError, OSError) as exc:
             return {"passed": False, "message": f"candidate outputs unreadable: {exc}"}
         result = self.policy.compare(outputs, refs)
@@ -237,19 +281,25 @@ class ReferenceWorker:
             env["gpu"] = torch.cuda.get_device_name()
             env["cuda"] = str(torch.version.cuda)
             env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
-            try:
-                import subprocess
-
-                env["driver"] = subprocess.run(
-                    ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                    capture_output=True, text=True, timeout=10,
-                ).stdout.strip().splitlines()[0]
-            except (OSError, IndexError, subprocess.SubprocessError):
-                env["driver"] = "unknown"
+            env["driver"] = self.driver if self.driver != "unknown" else _driver_version()
         else:
             env["cpu"] = _cpu_model()
             env["threads"] = str(torch.get_num_threads())
         return env
+
+
+def _driver_version() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _device_memory_bytes() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
 
 
 def _cpu_model() -> str:
@@ -267,7 +317,7 @@ def _cpu_model() -> str:
 
 def main() -> None:
     worker = ReferenceWorker()
-    serve({"load": worker.load, "make_inputs": worker.make_inputs, "check": worker.check, "audit": worker.audit,
+    serve({"warm": worker.warm, "write_inputs": worker.write_inputs, "load": worker.load, "make_inputs": worker.make_inputs, "check": worker.check, "audit": worker.audit,
            "baselines": worker.baselines, "compile": worker.compile, "footprint": worker.footprint,
            "probe": worker.probe, "degeneracy": worker.degeneracy})
 

@@ -10,6 +10,7 @@ nothing candidate-specific loaded.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -17,6 +18,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
+from typing import Iterator
 
 from cuda_agent.environment import sandbox
 from cuda_agent.environment.config import EvalConfig
@@ -47,8 +49,11 @@ class WorkerSlot:
     (its workdir) and ``out/`` (its outputs), the last two owned by the sandbox user.
     """
 
-    def __init__(self, config: EvalConfig) -> None:
+    def __init__(self, config: EvalConfig, warm_device: bool = True) -> None:
+        """``warm_device``: have both workers initialise ``config.device`` as soon as they start
+        (else only their host side: imports and first CPU calls; see :meth:`warm`)."""
         self.key = slot_key(config)
+        self.device = config.device
         self.scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=config.scratch_dir or default_scratch_root()))
         self.scratch.chmod(0o711)  # the sandbox user may enter it, not list it
         self.reference: WorkerProcess | None = None
@@ -56,6 +61,7 @@ class WorkerSlot:
         self.lease: sandbox.Lease | None = None
         try:
             self._start(config)
+            self._send_warm(config.device if warm_device else "cpu")
         except BaseException:
             self.close()
             raise
@@ -88,20 +94,31 @@ class WorkerSlot:
             disk_dirs=(workdir, self.scratch / "out", self.extensions_dir), disk_mb=config.limits.disk_mb,
         )
 
-    def warm(self, device: str, timeout_s: float) -> None:
-        """Have both workers import what they need and initialise ``device`` now (before any task
-        or candidate exists), so the evaluation that takes this slot does not wait for it."""
+    def _send_warm(self, device: str) -> None:
+        for worker in (self.reference, self.candidate):  # both warm up at once, before anyone waits
+            assert worker is not None
+            worker.send({"op": "warm", "device": device}, background=True)
+
+    def warm(self, timeout_s: float, device_gate: threading.Lock | None = None) -> None:
+        """Wait until both workers have imported what they need and initialised the device (before
+        any task or candidate exists), so the evaluation that takes this slot does not wait for it.
+        A slot started without ``warm_device`` initialises the device now, holding ``device_gate``
+        while it does (a context being made on a GPU that is timing a candidate would disturb it)."""
         for worker in (self.reference, self.candidate):
             assert worker is not None
-            worker.request({"op": "warm", "device": device}, timeout_s)
+            worker.wait_background(timeout_s)
+        if self.device == "cpu":
+            return
+        with device_gate or contextlib.nullcontext():
+            self._send_warm(self.device)
+            for worker in (self.reference, self.candidate):
+                worker.wait_background(timeout_s)
 
     def close(self) -> None:
         """Stop both workers (and everything they started), free the lease, remove the scratch."""
-        workers = [w for w in (self.candidate, self.reference) if w is not None]
-        for worker in workers:
-            worker.ask_to_exit()  # both interpreters shut down at once
-        for worker in workers:
-            worker.close()
+        for worker in (self.candidate, self.reference):
+            if worker is not None:
+                worker.close()
         if self.lease is not None:
             self.lease.release()
         shutil.rmtree(self.scratch, ignore_errors=True)
@@ -122,6 +139,9 @@ class Prestarter:
         self._ready: queue.Queue[WorkerSlot | None] = queue.Queue()
         self._wanted = threading.Semaphore(count)
         self._closed = threading.Event()
+        self._device_gate = threading.Lock()
+        self._lock = threading.Lock()
+        self._warming: dict[WorkerSlot, threading.Thread] = {}
         self._thread = threading.Thread(target=self._run, name="cuda-agent-prestarter", daemon=True)
         self._thread.start()
 
@@ -140,28 +160,55 @@ class Prestarter:
         self._wanted.release()  # start the next one now, while this one is used
         return slot
 
+    @contextlib.contextmanager
+    def quiet_device(self) -> Iterator[None]:
+        """Hold back the device initialisation of the slots being prestarted (waiting for one in
+        progress) while the block runs: an evaluation times its candidate inside this."""
+        with self._device_gate:
+            yield
+
     def _run(self) -> None:
+        """Start a slot per permit, at once; each warms up in a thread of its own, so slots that
+        take seconds to start come up side by side (the workers stay tied to this thread, which
+        started them)."""
         while True:
             self._wanted.acquire()
             if self._closed.is_set():
                 return
             try:
-                slot = WorkerSlot(self.config)
-                try:
-                    slot.warm(self.config.device, self.warm_timeout_s)
-                except WorkerError:
-                    slot.close()
-                    raise
+                slot = WorkerSlot(self.config, warm_device=False)
             except Exception:  # noqa: BLE001 - the evaluation then starts its own slot and reports the failure
                 logger.exception("prestarting a worker slot failed")
-                slot = None
-            self._ready.put(slot)
+                self._ready.put(None)
+                continue
+            warming = threading.Thread(target=self._warm, args=(slot,), name="cuda-agent-prestart-warm", daemon=True)
+            with self._lock:
+                self._warming[slot] = warming
+            warming.start()
+
+    def _warm(self, slot: WorkerSlot) -> None:
+        warm: WorkerSlot | None = slot
+        try:
+            slot.warm(self.warm_timeout_s, self._device_gate)
+        except Exception:  # noqa: BLE001 - as above
+            if not self._closed.is_set():
+                logger.exception("warming a prestarted worker slot failed")
+            slot.close()
+            warm = None
+        self._ready.put(warm)  # before leaving the set close() waits for: it then finds it in the queue
+        with self._lock:
+            self._warming.pop(slot, None)
 
     def close(self) -> None:
         """Stop prestarting and destroy the slots nobody took."""
         self._closed.set()
         self._wanted.release()
         self._thread.join()
+        with self._lock:
+            warming = dict(self._warming)
+        for slot, thread in warming.items():  # killed: its warm-up thread sees the workers die
+            slot.close()
+            thread.join()
         while not self._ready.empty():
             slot = self._ready.get_nowait()
             if slot is not None:

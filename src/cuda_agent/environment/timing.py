@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from cuda_agent.environment.call_seeds import call_seed
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.loading import clone_tree, tensors_in
 from cuda_agent.environment.verdict import TimingStats
@@ -93,11 +94,6 @@ def make_timer(device: str, config: TimingConfig, host_clock: bool = False) -> T
     if device != "cuda":
         return CpuTimer()
     return HostSyncTimer(config.flush_l2) if host_clock else CudaTimer(config.flush_l2)
-
-
-def call_seed(seed: int, call: int) -> int:
-    """The noise seed of timed call ``call`` in a loop seeded with ``seed`` (shared with the reference)."""
-    return (seed + call * 1_000_003) % 2**63
 
 
 def perturbed(inputs: list, noise: float, seed: int) -> tuple:

@@ -9,6 +9,7 @@ exception in the parent, which the evaluator maps to a verdict.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import secrets
@@ -117,6 +118,11 @@ class WorkerProcess:
         to_child_r, self._to_child_w = os.pipe()
         self._from_child_r, from_child_w = os.pipe()
         self._buffer = b""
+        self._pending: collections.deque[tuple[str, str, float, bool]] = collections.deque()
+        """``(op, nonce, sent at, background)`` of requests whose replies were not received yet."""
+        self.request_seconds: list[tuple[str, float]] = []
+        """``(op, seconds from sending to reply)`` of every answered request, in order: where an
+        evaluation's time went (pipelined requests overlap)."""
         with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", module, "--fd-in", str(to_child_r), "--fd-out", str(from_child_w)],
@@ -140,15 +146,45 @@ class WorkerProcess:
                 (it is dead afterwards).
             RemoteError: the worker ran the operation and it raised (the worker lives on).
         """
+        self.send(message)
+        return self.receive(timeout_s)
+
+    def send(self, message: dict[str, Any], background: bool = False) -> None:
+        """Queue one request without waiting: the worker handles requests in order, and
+        :meth:`receive` returns their replies in the same order (requests pipelined this way cost
+        no round trip each). The reply to a ``background`` request (a warm-up) is not returned: the
+        next :meth:`receive` or :meth:`wait_background` takes it, raising if it failed."""
         if self._to_child_w < 0:
             raise WorkerDied("worker was already stopped", self.log_tail())
         nonce = secrets.token_hex(16)
+        op = str(message.get("op", "?"))
         try:
             _write_all(self._to_child_w, (json.dumps({**message, "nonce": nonce}) + "\n").encode())
         except BrokenPipeError:
             self._fail(WorkerDied, "worker exited before the request could be sent")
-        op = message.get("op", "?")
+        self._pending.append((op, nonce, time.monotonic(), background))
+
+    def wait_background(self, timeout_s: float) -> None:
+        """Take the replies of the background requests sent before any other pending request."""
+        while self._pending and self._pending[0][3]:
+            self._take_reply(timeout_s)
+
+    def receive(self, timeout_s: float) -> dict[str, Any]:
+        """The reply to the oldest request not yet received (background ones taken first), waiting
+        at most ``timeout_s`` for each.
+
+        Raises: as :meth:`request`.
+        """
+        self.wait_background(timeout_s)
+        if not self._pending:
+            raise WorkerProtocolError("receive() without a request waiting for its reply")
+        return self._take_reply(timeout_s)
+
+    def _take_reply(self, timeout_s: float) -> dict[str, Any]:
+        op, nonce, sent, _ = self._pending[0]
         reply = self._read_reply(time.monotonic() + timeout_s, op, timeout_s)
+        self._pending.popleft()
+        self.request_seconds.append((op, time.monotonic() - sent))
         if reply.pop("nonce", None) != nonce:
             self._fail(ForgedReply, f"the reply to {op!r} does not carry the request's nonce: it was not written "
                                     "by the harness (forged on the result pipe)")
@@ -220,21 +256,17 @@ class WorkerProcess:
                 pass
         self._to_child_w = self._from_child_r = -1
 
-    def ask_to_exit(self) -> None:
-        """Tell the worker to exit, without waiting (several workers then shut down at once)."""
-        if self.proc.poll() is None and self._to_child_w >= 0:
+    def close(self, graceful_s: float = 0.0) -> None:
+        """Stop the worker and its process group. By default at once: nothing an evaluation's
+        worker holds is needed after its last reply (results travel in replies and files), so it is
+        killed, never awaited. ``graceful_s`` > 0 first asks it to exit and waits that long (a
+        worker that must release what it holds itself, such as a pool lane's sandbox leases)."""
+        if graceful_s > 0 and self.proc.poll() is None and self._to_child_w >= 0:
             try:
                 os.write(self._to_child_w, b'{"op": "exit"}\n')
-            except OSError:
+                self.proc.wait(timeout=graceful_s)
+            except (OSError, subprocess.TimeoutExpired):
                 pass
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Ask the worker to exit, then make sure it and its process group are gone."""
-        self.ask_to_exit()
-        try:
-            self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            pass
         self.kill()
 
 
@@ -290,9 +322,10 @@ def _rss_mb(pid: int) -> float | None:
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def warm(msg: dict[str, Any]) -> dict[str, Any]:
-    """Initialise the device before any task or candidate is loaded (a prestarted worker's first
-    request): the evaluation that takes the worker does not wait for a CUDA context."""
+def warm_device(msg: dict[str, Any]) -> dict[str, Any]:
+    """Initialise the device before any task or candidate is loaded (a worker's first request,
+    sent as it starts): the evaluation that takes the worker does not wait for a CUDA context.
+    Workers whose first real request needs more (imports, probes) register their own ``warm``."""
     import torch
 
     if msg["device"] == "cuda":
@@ -321,7 +354,7 @@ def serve(handlers: dict[str, Handler], argv: list[str] | None = None) -> None:
             if op == "exit":
                 return
             try:
-                handler = handlers[op] if op != "warm" else warm
+                handler = handlers.get("warm", warm_device) if op == "warm" else handlers[op]
                 reply = {"ok": True, **handler(message)}
             except BaseException as exc:  # noqa: BLE001 - every failure must become a reply
                 if isinstance(exc, KeyboardInterrupt):

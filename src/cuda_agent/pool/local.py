@@ -26,6 +26,8 @@ from cuda_agent.pool.work import PoolWork, default_staging_dir
 
 SETUP_TIMEOUT_S = 300.0
 """Time a fresh worker may take to import the environment and accept its configuration."""
+LANE_EXIT_S = 5.0
+"""How long a closing lane waits for its worker to shut its slots down before killing it."""
 
 
 def visible_gpus() -> list[str]:
@@ -85,7 +87,7 @@ class ProcessLane(EvalLane):
 
     def close(self) -> None:
         if self._worker is not None:
-            self._worker.close()
+            self._worker.close(graceful_s=LANE_EXIT_S)  # its prestarted slots release their leases
             self._worker = None
 
     def describe(self) -> dict[str, Any]:

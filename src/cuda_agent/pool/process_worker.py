@@ -34,7 +34,11 @@ class _Handlers:
 
 def main() -> None:
     handlers = _Handlers()
-    serve({"setup": handlers.setup, "evaluate": handlers.evaluate})
+    try:
+        serve({"setup": handlers.setup, "evaluate": handlers.evaluate})
+    finally:
+        if handlers.work is not None:
+            handlers.work.close()
 
 
 if __name__ == "__main__":

@@ -12,12 +12,16 @@ import contextlib
 import logging
 from pathlib import Path
 
-from cuda_agent.environment import EvalConfig, SolutionError, Verdict, evaluate, load_solution
+from cuda_agent.environment import EvalConfig, Prestarter, SolutionError, Verdict, evaluate, load_solution
 from cuda_agent.environment.build import CompileError, build_solution
 from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.pool.jobs import EvalJob
 
 logger = logging.getLogger(__name__)
+
+PRESTART_SLOTS = 2
+"""Worker slots a pool worker keeps warm (a slot starts in ~3-7 s on an H100 host; a warm
+evaluation of an L1-size kernel takes ~1-2 s)."""
 
 
 def default_staging_dir(config: EvalConfig) -> Path:
@@ -33,12 +37,21 @@ class PoolWork:
         device_lock: a name for ``cuda_agent.synth.device_lock.measuring``, held for each whole
             evaluation, so that two pools on one host never time on the same GPU at once; None on
             the CPU backend (CPU lanes are as many as the user asked for).
+        prestart_slots: worker slots kept started and warm ahead of the evaluations (see
+            :class:`~cuda_agent.environment.Prestarter`), made on the first evaluation; 0: none;
+            None: :data:`PRESTART_SLOTS` on CUDA (starting a slot, two interpreters with torch,
+            CUDA contexts and the sandbox, takes longer than a warm evaluation, so one slot is not
+            enough to keep a GPU busy), 1 on the CPU backend (whose slots compete for the cores).
     """
 
-    def __init__(self, config: EvalConfig, staging_dir: Path, device_lock: str | None = None) -> None:
+    def __init__(self, config: EvalConfig, staging_dir: Path, device_lock: str | None = None,
+                 prestart_slots: int | None = None) -> None:
         self.config = config
         self.staging_dir = staging_dir
         self.device_lock = device_lock
+        self.prestart_slots = prestart_slots if prestart_slots is not None else (
+            PRESTART_SLOTS if config.device == "cuda" else 1)
+        self._prestarter: Prestarter | None = None
 
     def build(self, job: EvalJob) -> None:
         """Fill the build cache for ``job`` (a compiler rejection is recorded there too), unless the
@@ -63,5 +76,13 @@ class PoolWork:
             from cuda_agent.synth.device_lock import measuring
 
             lock = measuring(self.device_lock)
+        if self.prestart_slots and self._prestarter is None:
+            self._prestarter = Prestarter(self.config, self.prestart_slots)
         with lock:
-            return evaluate(job.task, path, self.config)
+            return evaluate(job.task, path, self.config, prestarted=self._prestarter)
+
+    def close(self) -> None:
+        """Destroy the prestarted slots nobody took."""
+        if self._prestarter is not None:
+            self._prestarter.close()
+            self._prestarter = None

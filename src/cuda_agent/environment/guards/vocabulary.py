@@ -6,6 +6,7 @@ are documented in docs/guards.md; change them there and here together.
 
 from __future__ import annotations
 
+import os
 from functools import lru_cache
 
 # -- Python: torch functions allowed in forward, with the kind of value they return -------------------
@@ -141,11 +142,45 @@ CPP_COMMON_FREE_FUNCTIONS = frozenset({
 
 
 @lru_cache(maxsize=1)
+def _installed_torch_names() -> dict[str, list[str]]:
+    """The names the guards need from the installed torch: its ``Tensor`` methods and its compute
+    namespaces. Read once per torch installation and kept in the cache directory, so that the
+    trusted parent does not import torch (seconds) for every evaluation's static guards."""
+    import hashlib
+    import importlib.metadata
+    import importlib.util
+    import json
+
+    from cuda_agent.environment.config import default_cache_dir
+
+    spec = importlib.util.find_spec("torch")
+    installation = f"{importlib.metadata.version('torch')}@{spec.origin if spec else ''}"
+    path = default_cache_dir() / "guards" / f"torch-names-{hashlib.sha256(installation.encode()).hexdigest()[:16]}.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    import torch
+    import torch.nn.functional as functional
+
+    names = {
+        "tensor_methods": sorted(n for n in dir(torch.Tensor) if n not in dir(object)),
+        "compute": sorted(set(dir(torch._C._VariableFunctions)) | set(dir(functional)).union(
+            *(dir(getattr(torch._C, sub, object)) for sub in ("_nn", "_linalg", "_fft", "_special")))),
+    }
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(names))
+        os.replace(partial, path)
+    except OSError:
+        pass  # a read-only cache: computed again next time
+    return names
+
+
 def tensor_method_names() -> frozenset[str]:
     """Every ``torch.Tensor`` method/attribute name (from the installed torch)."""
-    import torch
-
-    return frozenset(n for n in dir(torch.Tensor) if n not in dir(object))
+    return frozenset(_installed_torch_names()["tensor_methods"])
 
 
 @lru_cache(maxsize=1)
@@ -153,11 +188,6 @@ def aten_compute_names() -> frozenset[str]:
     """Names of PyTorch compute ops (functions, tensor methods, functional ops) from the installed torch,
     minus everything allowed above. Used where the type of a C++ receiver or the target of an
     unqualified C++ call is unknown."""
-    import torch
-    import torch.nn.functional as functional
-
-    names: set[str] = set(dir(torch._C._VariableFunctions)) | set(tensor_method_names()) | set(dir(functional))
-    for sub in ("_nn", "_linalg", "_fft", "_special"):
-        names |= set(dir(getattr(torch._C, sub, object)))
+    names = set(_installed_torch_names()["compute"]) | tensor_method_names()
     names = {n for n in names if not n.startswith("__") and n.isidentifier()}
     return frozenset(names - CPP_ALLOWED_TENSOR_METHODS - set(CPP_ALLOWED_PATHS) - set(ALLOWED_TENSOR_METHODS))

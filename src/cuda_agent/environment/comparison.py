@@ -1,0 +1,221 @@
+"""Comparing a candidate's outputs with the reference's: the numeric side of the precision policies.
+
+Runs only in the trusted reference worker (and the calibration bench), on whatever device the
+references live on: whole-output reductions on the GPU, no copies to the host beyond a few scalars
+per output. :mod:`precision` holds the policies themselves (names, rules, tolerances); it needs no
+torch, so the trusted parent that picks a policy never imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator
+
+import torch
+
+if TYPE_CHECKING:
+    from cuda_agent.environment.precision import AllclosePolicy, FaithfulPolicy, PrecisionPolicy
+
+
+@dataclass(frozen=True)
+class References:
+    """Reference outputs for one input set. ``fp64``/``tf32`` are None when not computed or unavailable."""
+
+    fp32: Any  # eager at the task's own dtypes, TF32 disabled
+    fp64: Any | None = None  # the reference run in float64
+    tf32: Any | None = None  # eager with TF32 enabled (CUDA only)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    passed: bool
+    message: str
+    max_abs_err: float | None = None
+    error_ratio: float | None = None  # candidate error / eager error (faithful-style policies)
+    fallback: str | None = None  # policy actually applied when the requested one could not be
+
+
+@dataclass(frozen=True)
+class _LeafResult:
+    passed: bool
+    message: str
+    max_abs_err: float
+    error_ratio: float | None = None
+
+
+def compare(policy: "PrecisionPolicy", candidate: Any, refs: References) -> Comparison:
+    """Check structure (same nesting, shapes, dtypes) and the non-finite pattern (NaN where the fp32
+    reference has NaN, ±Inf with the same sign), then ``policy``'s numeric rule on every
+    floating-point output; the first failing output decides."""
+    if policy.rule == "faithful" and refs.fp64 is None:  # the reference cannot run in float64
+        result = compare(policy.fallback, candidate, refs)
+        return Comparison(result.passed, result.message, result.max_abs_err, None, policy.fallback.name)
+    leaves = _paired_leaves(candidate, refs.fp32)
+    if isinstance(leaves, str):
+        return Comparison(False, leaves)
+    ref64_leaves = _flatten(refs.fp64) if refs.fp64 is not None else None
+    tf32_leaves = _flatten(refs.tf32) if refs.tf32 is not None else None
+    check_leaf = _faithful_leaf if policy.rule == "faithful" else _allclose_leaf
+    worst_err, worst_ratio = 0.0, None
+    for i, (path, cand, ref) in enumerate(leaves):
+        if not isinstance(ref, torch.Tensor):
+            if cand != ref and not (_is_nan(cand) and _is_nan(ref)):
+                return Comparison(False, f"output{path}: value {cand!r} != expected {ref!r}")
+            continue
+        problem = _structure_problem(path, cand, ref)
+        if problem:
+            return Comparison(False, problem, worst_err)
+        if not (ref.is_floating_point() or ref.is_complex()):
+            if not torch.equal(cand, ref):
+                mismatches = int((cand != ref).sum())
+                return Comparison(False, f"output{path}: {mismatches} of {ref.numel()} integer/bool elements differ", worst_err)
+            continue
+        problem = _nonfinite_problem(path, cand, ref)
+        if problem:
+            return Comparison(False, problem, worst_err)
+        leaf = check_leaf(policy, path, cand, ref, ref64_leaves[i][1] if ref64_leaves else None,
+                          tf32_leaves[i][1] if tf32_leaves else None)
+        worst_err = max(worst_err, leaf.max_abs_err)
+        if leaf.error_ratio is not None:
+            worst_ratio = max(worst_ratio or 0.0, leaf.error_ratio)
+        if not leaf.passed:
+            return Comparison(False, leaf.message, worst_err, worst_ratio)
+    summary = f"max abs err {worst_err:.3g}" + (f", error ratio {worst_ratio:.3g}" if worst_ratio is not None else "")
+    return Comparison(True, summary, worst_err, worst_ratio)
+
+
+def _allclose_leaf(policy: "AllclosePolicy", path: str, cand: torch.Tensor, ref32: torch.Tensor,
+                   ref64: torch.Tensor | None, ref_tf32: torch.Tensor | None) -> _LeafResult:
+    """``|cand - ref| <= atol + rtol * |ref|`` elementwise against the fp32 reference, atol capped
+    at ``policy.tiny_output_atol_share`` of the output's largest magnitude."""
+    tol = policy.tolerance(str(ref32.dtype).removeprefix("torch."))
+    finite = torch.isfinite(ref32)
+    count = int(finite.sum())
+    if count == 0:
+        return _LeafResult(True, "no finite elements", 0.0)
+    r, c = _where_finite(finite, ref32), _where_finite(finite, cand)  # the non-finite places matched already
+    diff = (c - r).abs()
+    atol = min(tol, policy.tiny_output_atol_share * float(r.abs().max()))
+    bad = int((diff > atol + tol * r.abs()).sum())
+    max_err = float(diff.max())
+    if bad:
+        capped = f" (atol capped at {atol:.3g}: the output is tiny next to the tolerance)" if atol < tol else ""
+        return _LeafResult(False, f"output{path}: {bad} of {count} elements outside "
+                           f"atol=rtol={tol:g}{capped} (max abs err {max_err:.3g})", max_err)
+    return _LeafResult(True, "", max_err)
+
+
+def _faithful_leaf(policy: "FaithfulPolicy", path: str, cand: torch.Tensor, ref32: torch.Tensor,
+                   ref64: torch.Tensor, ref_tf32: torch.Tensor | None) -> _LeafResult:
+    """Candidate error against float64 within ``error_ratio_limit`` times the eager reference's own
+    error plus a floor of ``ulp_floor`` fp32 epsilons relative to the output, in L2 and max norm."""
+    eager = ref_tf32 if (policy.needs_tf32_reference and ref_tf32 is not None) else ref32
+    finite = torch.isfinite(eager) & torch.isfinite(ref64)
+    if not bool(finite.any()):
+        return _LeafResult(True, "no finite elements", 0.0)
+    exact = _where_finite(finite, ref64)
+    cand_err = (_where_finite(finite, cand) - exact).abs()
+    eager_err = (_where_finite(finite, eager) - exact).abs()
+    scale = exact.abs()
+    eps = torch.finfo(ref32.dtype).eps
+    k, floor = policy.error_ratio_limit, policy.ulp_floor * eps
+    # One host transfer for the six reductions the rule needs.
+    l2_cand, l2_eager, l2_scale, max_cand, max_eager, max_scale = torch.stack([
+        torch.linalg.vector_norm(cand_err), torch.linalg.vector_norm(eager_err), torch.linalg.vector_norm(scale),
+        cand_err.max(), eager_err.max(), scale.max(),
+    ]).tolist()
+    l2_tol = k * l2_eager + floor * l2_scale
+    max_tol = k * max_eager + floor * max_scale
+    ratio = l2_cand / l2_eager if l2_eager > 0 else (0.0 if l2_cand == 0 else math.inf)
+    if l2_cand > l2_tol or max_cand > max_tol:
+        which = "L2" if l2_cand > l2_tol else "max"
+        return _LeafResult(
+            False,
+            f"output{path}: error vs float64 ({which} norm) exceeds {k:g}x the fp32 eager error: "
+            f"L2 {l2_cand:.3g} (eager {l2_eager:.3g}), max {max_cand:.3g} (eager {max_eager:.3g}); "
+            "looks like reduced precision (fp16/bf16/TF32) or a wrong result",
+            max_cand, ratio,
+        )
+    return _LeafResult(True, "", max_cand, ratio)
+
+
+def _where_finite(finite: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64 (complex128 for complex) with zeros where ``finite`` is False: the same
+    sums, norms and maxima as over the finite elements alone, without the copies boolean indexing
+    makes (the checks run on the device, over whole outputs)."""
+    wide = t.to(torch.complex128 if t.is_complex() else torch.float64)
+    return torch.where(finite, wide, torch.zeros((), dtype=wide.dtype, device=wide.device))
+
+
+@contextlib.contextmanager
+def tf32_enabled(enabled: bool) -> Iterator[None]:
+    """Set TF32 for both cuBLAS matmuls and cuDNN convolutions, restoring both afterwards."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = enabled
+    torch.backends.cudnn.allow_tf32 = enabled
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, float) and math.isnan(value)
+
+
+def _flatten(tree: Any, path: str = "") -> list[tuple[str, Any]]:
+    if isinstance(tree, (list, tuple)):
+        return [leaf for i, v in enumerate(tree) for leaf in _flatten(v, f"{path}[{i}]")]
+    if isinstance(tree, dict):
+        return [leaf for k, v in tree.items() for leaf in _flatten(v, f"{path}[{k!r}]")]
+    return [(path, tree)]
+
+
+def _shape_of(tree: Any) -> Any:
+    if isinstance(tree, (list, tuple)):
+        return (type(tree).__name__, [_shape_of(v) for v in tree])
+    if isinstance(tree, dict):
+        return ("dict", [(k, _shape_of(v)) for k, v in tree.items()])
+    return "tensor" if isinstance(tree, torch.Tensor) else "scalar"
+
+
+def _paired_leaves(candidate: Any, reference: Any) -> list[tuple[str, Any, Any]] | str:
+    if _shape_of(candidate) != _shape_of(reference):
+        return (f"output structure differs: expected {_describe(reference)}, got {_describe(candidate)}")
+    return [(p, c, r) for (p, c), (_, r) in zip(_flatten(candidate), _flatten(reference))]
+
+
+def _describe(tree: Any) -> str:
+    if isinstance(tree, torch.Tensor):
+        return f"Tensor{tuple(tree.shape)}"
+    if isinstance(tree, (list, tuple)):
+        return f"{type(tree).__name__} of {len(tree)}"
+    if isinstance(tree, dict):
+        return f"dict with keys {sorted(tree)}"
+    return type(tree).__name__
+
+
+def _structure_problem(path: str, cand: Any, ref: torch.Tensor) -> str | None:
+    if not isinstance(cand, torch.Tensor):
+        return f"output{path}: expected a tensor, got {type(cand).__name__}"
+    if cand.shape != ref.shape:
+        return f"output{path}: shape {tuple(cand.shape)} != expected {tuple(ref.shape)}"
+    if cand.dtype != ref.dtype:
+        return f"output{path}: dtype {cand.dtype} != expected {ref.dtype}"
+    return None
+
+
+def _nonfinite_problem(path: str, cand: torch.Tensor, ref: torch.Tensor) -> str | None:
+    ref_nan, cand_nan = torch.isnan(ref), torch.isnan(cand)
+    if not torch.equal(ref_nan, cand_nan):
+        return f"output{path}: NaN pattern differs ({int(cand_nan.sum())} NaN, expected {int(ref_nan.sum())})"
+    if ref.is_complex():
+        return None
+    ref_inf, cand_inf = torch.isinf(ref), torch.isinf(cand)
+    if not torch.equal(ref_inf, cand_inf) or not torch.equal(torch.sign(ref[ref_inf]), torch.sign(cand[cand_inf])):
+        return f"output{path}: Inf pattern differs ({int(cand_inf.sum())} Inf, expected {int(ref_inf.sum())})"
+    return None
+
+
