@@ -188,7 +188,12 @@ class LanePipeline(EvalPool):
         """Build each job, except that a job whose sources are being built by another compile thread
         waits for that build without holding a thread (samples of one policy repeat often)."""
         while (entry := self._inbox.get()) is not None:
-            sources = entry.job.solution.content_hash()
+            try:
+                sources = entry.job.solution.content_hash()
+            except Exception as exc:  # noqa: BLE001 - a malformed job must not end this thread
+                logger.exception("job %s cannot be built", entry.job.job_id)
+                self._answer_failed(entry, f"the job's sources cannot be hashed ({type(exc).__name__}: {exc})", "")
+                continue
             with self._lock:
                 self._counts["building"] += 1
                 if sources in self._building:

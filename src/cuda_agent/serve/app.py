@@ -21,7 +21,8 @@ from typing import Any, Optional
 from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from pydantic import BaseModel, ConfigDict, Field
 
 from cuda_agent.pool import PoolClosed
 from cuda_agent.serve.config import ServeConfig
@@ -33,6 +34,7 @@ TASK_ID_PATTERN = r"^[^\x00-\x1f]{1,200}$"
 class JobRequest(BaseModel):
     """One (task, solution) to evaluate."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
     task_code: str = Field(description="KernelBench-format problem source (class Model, get_inputs, get_init_inputs).")
     task_id: Optional[str] = Field(None, pattern=TASK_ID_PATTERN, description="Name for the task in the verdict.")
     solution_files: Optional[dict[str, str]] = Field(
@@ -41,6 +43,7 @@ class JobRequest(BaseModel):
 
 
 class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     jobs: list[JobRequest]
 
 
@@ -106,6 +109,22 @@ def _add_error_handlers(app: FastAPI) -> None:
         return JSONResponse({"detail": str(exc)}, status_code=503)
 
 
+def _add_api_docs(app: FastAPI, authorised) -> None:
+    """``/openapi.json``, ``/docs`` and ``/redoc``, for holders of the token only."""
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authorised)])
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=[Depends(authorised)])
+    async def swagger():
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=app.title)
+
+    @app.get("/redoc", include_in_schema=False, dependencies=[Depends(authorised)])
+    async def redoc():
+        return get_redoc_html(openapi_url="/openapi.json", title=app.title)
+
+
 def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
     """The ASGI app over ``service``; the service's pool is closed when the app shuts down."""
 
@@ -115,7 +134,8 @@ def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
         yield
         await asyncio.to_thread(service.close)
 
-    app = FastAPI(title="cuda-agent evaluation service", version="1", lifespan=lifespan)
+    app = FastAPI(title="cuda-agent evaluation service", version="1", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None)  # served below, behind the token like every other page
     app.add_middleware(_BodySizeLimit, max_bytes=config.max_request_bytes)
 
     def authorised(request: Request) -> None:
@@ -127,6 +147,7 @@ def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
                                 headers={"WWW-Authenticate": "Bearer"})
 
     _add_error_handlers(app)
+    _add_api_docs(app, authorised)
 
     async def view_after(job_id: str, wait_s: float) -> JobView:
         future = service.pending_future(job_id)
@@ -153,13 +174,13 @@ def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
 
     @app.post("/v1/evaluate", dependencies=[Depends(authorised)])
     async def evaluate(request: JobRequest, wait_s: float = Query(600.0, ge=0)) -> JSONResponse:
-        job = _job(request)
+        job = await asyncio.to_thread(_job, request)  # parsing a large task must not stall other requests
         await asyncio.to_thread(service.accept, [job])
         return respond(await view_after(job.job_id, wait_s), pending_status=202)
 
     @app.post("/v1/jobs", status_code=202, dependencies=[Depends(authorised)])
     async def submit(request: JobRequest) -> dict[str, Any]:
-        job = _job(request)
+        job = await asyncio.to_thread(_job, request)
         await asyncio.to_thread(service.accept, [job])
         return {"job_id": job.job_id, "state": "queued"}
 
@@ -167,7 +188,8 @@ def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
     async def submit_batch(batch: BatchRequest) -> dict[str, Any]:
         if not 1 <= len(batch.jobs) <= config.max_batch:
             raise BadJobRequest("jobs", f"a batch holds 1 to {config.max_batch} jobs, got {len(batch.jobs)}")
-        jobs = [_job(request, f"jobs[{index}].") for index, request in enumerate(batch.jobs)]
+        jobs = await asyncio.to_thread(lambda: [_job(request, f"jobs[{index}].")
+                                                for index, request in enumerate(batch.jobs)])
         await asyncio.to_thread(service.accept, jobs)
         return {"job_ids": [job.job_id for job in jobs]}
 

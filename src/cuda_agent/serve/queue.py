@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,9 @@ class JobQueue:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))  # jobs hold users' sources: owner only
+        os.chmod(path, 0o600)  # SQLite gives its -wal and -shm files the same mode
         self._db = Database(path, _SCHEMA)
 
     def add(self, jobs: list[EvalJob]) -> None:
@@ -57,10 +61,12 @@ class JobQueue:
         with self._db.transaction() as conn:
             conn.executemany("INSERT INTO jobs (job_id, state, request, accepted_at) VALUES (?, ?, ?, ?)", rows)
 
-    def finish(self, result: JobResult) -> None:
+    def finish(self, result: JobResult, answer: dict[str, Any]) -> None:
+        """Store ``answer`` (``result``'s JSON form as clients see it) for a job still queued."""
         state = JobState.DONE if result.ok else JobState.FAILED
-        self._db.execute("UPDATE jobs SET state=?, result=?, finished_at=? WHERE job_id=?",
-                         (state.value, json.dumps(result.to_json_dict(), allow_nan=False), time.time(), result.job_id))
+        self._db.execute("UPDATE jobs SET state=?, result=?, finished_at=? WHERE job_id=? AND state=?",
+                         (state.value, json.dumps(answer, allow_nan=False), time.time(), result.job_id,
+                          JobState.QUEUED.value))
 
     def get(self, job_id: str) -> StoredJob | None:
         rows = self._db.query("SELECT job_id, state, result, accepted_at, finished_at FROM jobs WHERE job_id=?",

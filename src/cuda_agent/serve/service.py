@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
 from cuda_agent.pool import EvalJob, EvalPool, JobInputError, JobResult, PoolClosed, SolutionFiles
 from cuda_agent.serve.queue import JobQueue, JobState, StoredJob
+from cuda_agent.unicode_text import is_unicode
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ def job_from_request(job_id: str, task_code: Any, task_id: Any, solution_files: 
         raise BadJobRequest(f"{field_prefix}solution_files", "give exactly one of solution_files (a mapping of "
                             "relative path to source) or solution_code (one .py defining ModelNew)")
     name = task_id or "task"
+    if not is_unicode(name):
+        raise BadJobRequest(f"{field_prefix}task_id", "not valid Unicode text (it holds a lone surrogate)")
     try:
         check_source(task_code, f"{field_prefix}task_code")
     except TaskLoadError as exc:
@@ -69,11 +73,14 @@ class EvalService:
     Args:
         queue: the persistent job queue.
         pool: where jobs are evaluated (its workers belong to the service from now on).
+        redact: rewrites an answer's JSON before it is stored (this host's paths out).
     """
 
-    def __init__(self, queue: JobQueue, pool: EvalPool) -> None:
+    def __init__(self, queue: JobQueue, pool: EvalPool,
+                 redact: Callable[[dict[str, Any]], dict[str, Any]] = lambda answer: answer) -> None:
         self.queue = queue
         self.pool = pool
+        self._redact = redact
         self.started_at = time.time()
         self._closing = False
         self._lock = threading.Lock()
@@ -105,7 +112,7 @@ class EvalService:
     def _store(self, job_id: str, future: Future[JobResult]) -> None:
         result = future.result()
         if not (self._closing and not result.ok):  # a job the closing pool did not run stays queued
-            self.queue.finish(result)
+            self.queue.finish(result, self._redact(result.to_json_dict()))
         with self._lock:
             self._pending.pop(job_id, None)
 
