@@ -8,6 +8,7 @@ from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cuda_agent.environment import ConfigError, EvalConfig
 from cuda_agent.environment.guards import GuardConfigError
@@ -20,7 +21,7 @@ err_console = Console(stderr=True)
 
 def fail_usage(message: str) -> NoReturn:
     """Print ``message`` as an error and exit with status 2 (bad usage or unreadable input)."""
-    err_console.print(f"[red]error:[/red] {message}")
+    err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)  # '[parquet]' is text, not markup
     raise typer.Exit(EXIT_BAD_USAGE)
 
 

@@ -86,3 +86,22 @@ def test_anonymous_service_on_a_network_address_is_warned_about(tmp_path: Path) 
                              "192.0.2.1", "--device", "cpu", "--state-dir", str(tmp_path / "state"), "--workers", "1"],
                             capture_output=True, text=True, timeout=300)
     assert "warning: --allow-anonymous on 192.0.2.1" in result.stderr
+
+
+def test_a_retried_submission_with_its_idempotency_key_is_stored_once(server: Server) -> None:
+    body = {"jobs": [{"task_code": TASK, "solution_code": GUARDED}] * 2}
+    headers = {**AUTH, "Idempotency-Key": "retry-of-batch-7"}
+    first = httpx.post(f"{server.url}/v1/jobs/batch", headers=headers, json=body, timeout=60)
+    again = httpx.post(f"{server.url}/v1/jobs/batch", headers=headers, json=body, timeout=60)
+    other = httpx.post(f"{server.url}/v1/jobs/batch", headers=headers, json={"jobs": body["jobs"][:1]}, timeout=60)
+    assert first.status_code == again.status_code == 202
+    assert again.json()["job_ids"] == first.json()["job_ids"] and len(set(first.json()["job_ids"])) == 2
+    assert other.status_code == 409 and "Idempotency-Key" in other.text
+
+
+def test_a_second_service_on_the_same_state_folder_is_refused(server: Server) -> None:
+    state = server.log.parent / "state"
+    result = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "serve", "--allow-anonymous", "--device", "cpu",
+                             "--state-dir", str(state), "--port", "1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert "in use by another cuda-agent serve (pid" in result.stderr and str(server.proc.pid) in result.stderr

@@ -114,6 +114,7 @@ def test_restart_after_a_kill_runs_every_accepted_job_and_reruns_none(tmp_path: 
     finally:
         second.stop()
     assert [a.verdict["status"] for a in answers] == ["correct", "guard_violation"]
+    assert "startup: resumed 2 unanswered jobs" in second.log.read_text()
     assert again.result == finished.result, "a job answered before the restart was evaluated again"
     assert queued_ids(state) == set()
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import uuid
 from typing import Any, Optional
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
@@ -26,9 +27,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from cuda_agent.pool import PoolClosed
 from cuda_agent.serve.config import ServeConfig
+from cuda_agent.serve.queue import IdempotencyConflict
 from cuda_agent.serve.service import BadJobRequest, EvalService, JobView, job_from_request
 
 TASK_ID_PATTERN = r"^[^\x00-\x1f]{1,200}$"
+IDEMPOTENCY_KEY = Header(None, alias="Idempotency-Key", pattern=r"^[\x21-\x7e]{1,200}$",
+                         description="A client's name for this submission: a retry with the same key gets the "
+                                     "same jobs back instead of new ones.")
+
+
+def _digest(request: BaseModel) -> str:
+    """Identifies a request's content, so that a reused idempotency key with other content is caught."""
+    return hashlib.sha256(request.model_dump_json().encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class JobRequest(BaseModel):
@@ -104,6 +114,10 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def bad_job(_: Request, exc: BadJobRequest) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=400)
 
+    @app.exception_handler(IdempotencyConflict)
+    async def conflict(_: Request, exc: IdempotencyConflict) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "field": "Idempotency-Key"}, status_code=409)
+
     @app.exception_handler(PoolClosed)
     async def closing(_: Request, exc: PoolClosed) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503)
@@ -173,25 +187,25 @@ def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
         return await asyncio.to_thread(service.metrics)
 
     @app.post("/v1/evaluate", dependencies=[Depends(authorised)])
-    async def evaluate(request: JobRequest, wait_s: float = Query(600.0, ge=0)) -> JSONResponse:
+    async def evaluate(request: JobRequest, wait_s: float = Query(600.0, ge=0),
+                       idempotency_key: Optional[str] = IDEMPOTENCY_KEY) -> JSONResponse:
         job = await asyncio.to_thread(_job, request)  # parsing a large task must not stall other requests
-        await asyncio.to_thread(service.accept, [job])
-        return respond(await view_after(job.job_id, wait_s), pending_status=202)
+        [job_id] = await asyncio.to_thread(service.accept, [job], idempotency_key, _digest(request))
+        return respond(await view_after(job_id, wait_s), pending_status=202)
 
     @app.post("/v1/jobs", status_code=202, dependencies=[Depends(authorised)])
-    async def submit(request: JobRequest) -> dict[str, Any]:
+    async def submit(request: JobRequest, idempotency_key: Optional[str] = IDEMPOTENCY_KEY) -> dict[str, Any]:
         job = await asyncio.to_thread(_job, request)
-        await asyncio.to_thread(service.accept, [job])
-        return {"job_id": job.job_id, "state": "queued"}
+        [job_id] = await asyncio.to_thread(service.accept, [job], idempotency_key, _digest(request))
+        return {"job_id": job_id, "state": "queued"}
 
     @app.post("/v1/jobs/batch", status_code=202, dependencies=[Depends(authorised)])
-    async def submit_batch(batch: BatchRequest) -> dict[str, Any]:
+    async def submit_batch(batch: BatchRequest, idempotency_key: Optional[str] = IDEMPOTENCY_KEY) -> dict[str, Any]:
         if not 1 <= len(batch.jobs) <= config.max_batch:
             raise BadJobRequest("jobs", f"a batch holds 1 to {config.max_batch} jobs, got {len(batch.jobs)}")
         jobs = await asyncio.to_thread(lambda: [_job(request, f"jobs[{index}].")
                                                 for index, request in enumerate(batch.jobs)])
-        await asyncio.to_thread(service.accept, jobs)
-        return {"job_ids": [job.job_id for job in jobs]}
+        return {"job_ids": await asyncio.to_thread(service.accept, jobs, idempotency_key, _digest(batch))}
 
     @app.get("/v1/jobs/{job_id}", dependencies=[Depends(authorised)])
     async def job(job_id: str, wait_s: float = Query(0.0, ge=0)) -> JSONResponse:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import socket
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -79,6 +81,7 @@ def serve_command(
     from cuda_agent.serve.config import JOBS_FILE, ServeConfig, ServeConfigError
     from cuda_agent.serve.queue import JobQueue
     from cuda_agent.serve.service import EvalService
+    from cuda_agent.serve.state_lock import StateDirBusy, StateDirLock
 
     if backend not in ("local", "ray"):
         fail_usage(f"--backend must be local or ray for a service, got {backend!r}")
@@ -88,6 +91,10 @@ def serve_command(
                           markup=False)
     eval_config = build_eval_config(device, config, precision, None, compile_baseline)
     try:
+        lock = StateDirLock(state_dir)  # before any worker starts: a second instance fails fast
+    except (StateDirBusy, OSError) as exc:
+        fail_usage(str(exc))
+    try:
         serve_config = ServeConfig(state_dir=state_dir, token=_token(token_file), allow_anonymous=allow_anonymous,
                                    max_request_mb=max_request_mb, max_batch=max_batch)
         pool_config = PoolConfig(backend=backend, address=address, workers=workers, compile_workers=compile_workers,
@@ -96,7 +103,8 @@ def serve_command(
     except (ServeConfigError, PoolConfigError) as exc:
         fail_usage(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    service = EvalService(JobQueue(state_dir / JOBS_FILE), pool, _redactor(eval_config))
+    owner = f"pid {os.getpid()} on {socket.gethostname()} ({uuid.uuid4().hex[:8]})"
+    service = EvalService(JobQueue(state_dir / JOBS_FILE, owner), pool, _redactor(eval_config))
     lanes = ", ".join(lane.name for lane in pool.stats().lanes)
     err_console.print(f"serving on http://{host}:{port} ({eval_config.device}; workers {lanes}; jobs in "
                       f"{state_dir / JOBS_FILE})")
@@ -104,3 +112,4 @@ def serve_command(
         uvicorn.run(create_app(service, serve_config), host=host, port=port, log_level="info")
     finally:
         service.close()  # when uvicorn never started (port taken), its shutdown did not close the pool
+        lock.release()

@@ -87,21 +87,38 @@ class EvalService:
         self._pending: dict[str, Future[JobResult]] = {}
 
     def resume(self) -> int:
-        """Queue again every job accepted before a restart and not answered; returns how many."""
-        jobs = self.queue.queued()
-        for job in jobs:
+        """Take over and queue again every job accepted before a restart and not answered, and log
+        what was resumed; returns how many."""
+        taken = self.queue.take_over()
+        for job in taken.jobs:
             self._dispatch(job)
-        if jobs:
-            logger.info("resumed %d accepted jobs from %s", len(jobs), self.queue.path)
-        return len(jobs)
+        counts = self.queue.counts()
+        if taken.jobs:
+            age = time.time() - taken.oldest_accepted_at
+            logger.info("startup: resumed %d unanswered jobs from %s (left by %s; oldest accepted %.0f s ago); "
+                        "%d answered before", len(taken.jobs), self.queue.path, ", ".join(taken.previous_owners),
+                        age, counts[JobState.DONE.value] + counts[JobState.FAILED.value])
+        else:
+            logger.info("startup: no unanswered jobs in %s; %d answered before", self.queue.path,
+                        counts[JobState.DONE.value] + counts[JobState.FAILED.value])
+        return len(taken.jobs)
 
-    def accept(self, jobs: list[EvalJob]) -> None:
-        """Persist ``jobs`` (all or none), then queue them. Raises ``PoolClosed`` while shutting down."""
+    def accept(self, jobs: list[EvalJob], idempotency_key: str | None = None, digest: str = "") -> list[str]:
+        """Persist ``jobs`` (all or none), then queue them; returns their ids, or those of the first
+        submission with ``idempotency_key`` (a retry: nothing new is queued).
+
+        Raises:
+            PoolClosed: the service is shutting down.
+            IdempotencyConflict: the key was first used for another request.
+        """
         if self._closing:
             raise PoolClosed("the service is shutting down")
-        self.queue.add(jobs)
+        earlier = self.queue.add(jobs, idempotency_key, digest)
+        if earlier is not None:
+            return earlier
         for job in jobs:
             self._dispatch(job)
+        return [job.job_id for job in jobs]
 
     def _dispatch(self, job: EvalJob) -> None:
         future = self.pool.submit(job)
@@ -112,7 +129,8 @@ class EvalService:
     def _store(self, job_id: str, future: Future[JobResult]) -> None:
         result = future.result()
         if not (self._closing and not result.ok):  # a job the closing pool did not run stays queued
-            self.queue.finish(result, self._redact(result.to_json_dict()))
+            if not self.queue.finish(result, self._redact(result.to_json_dict())):
+                logger.warning("job %s was answered already or is owned by another instance: answer dropped", job_id)
         with self._lock:
             self._pending.pop(job_id, None)
 
