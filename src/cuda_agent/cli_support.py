@@ -32,6 +32,17 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def require_local_device(config: EvalConfig) -> None:
+    """Exit 2 when ``config`` asks for a GPU this machine does not have (evaluating here would only
+    end in errors)."""
+    if config.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            fail_usage("--device cuda: no CUDA GPU is visible on this machine (torch.cuda.is_available() is "
+                       "False); use --device cpu")
+
+
 def read_yaml_config(path: Path) -> dict[str, Any]:
     """A YAML config file as a mapping of sections; exits 2 naming the file when it is not one."""
     import yaml

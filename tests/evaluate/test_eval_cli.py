@@ -5,6 +5,7 @@ written, and bad usage exits 2 naming the problem."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import sqlite3
@@ -110,6 +111,9 @@ def test_killed_run_continues_without_reevaluating_finished_tasks_then_reports(
     assert report.returncode == 0, report.stderr
     html, summary = (run / "report.html").read_text(), (run / "summary.md").read_text()
     assert "<svg" in html and "href='verdicts/run/a.json'" in html and "guard_violation" in html
+    assert re.search(r"<td>d</td><td>[^<]*</td><td><span class='failed'>missing</span></td><td>[^<]+</td><td>-1</td>",
+                     html), "a missing solution needs its reason shown and reward -1"
+    assert re.search(r"guard_violation</span></td><td>[^<]+</td><td>-1</td>", html)
     assert json.loads((run / "verdicts" / "run" / "a.json").read_text())["status"] == "correct"
     assert "| overall | 4 | 1 | 50.0% |" in summary and "Evaluations per worker: cpu:0: 3." in summary
     compared = subprocess.run([*cli, "report", str(run), "--compare", str(run), "--out", str(tmp_path / "cmp")],

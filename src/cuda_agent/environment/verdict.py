@@ -77,7 +77,7 @@ class BuildInfo:
 class Verdict:
     """The trusted evaluator's conclusion about one candidate on one task.
 
-    The first fields are the stable JSON contract of ``cuda-agent verify --json`` (DESIGN §3).
+    The first fields are the stable JSON contract of ``cuda-agent verify --json`` (README).
     """
 
     compiled: bool
