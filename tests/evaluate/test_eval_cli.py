@@ -18,33 +18,9 @@ from typer.testing import CliRunner
 from cuda_agent.cli import app
 from cuda_agent.evaluate.store import ResultsStore
 
-from support import EXAMPLES, FIXTURES, SMALL_RELU_TASK, wait_until
+from support import EXAMPLES, FIXTURES, SMALL_RELU_TASK, descendants, is_live, wait_until
 
 RECORDED_CPU_EPISODE = FIXTURES / "agent" / "rmsnorm_cpu.jsonl"
-
-
-def descendants(pid: int) -> list[int]:
-    """Live processes below ``pid`` (children, grandchildren, ...), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else None
-        except OSError:
-            continue
-        if fields and fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, frontier = [], [pid]
-    while frontier:
-        found += (kids := [k for p in frontier for k in children.get(p, [])])
-        frontier = kids
-    return found
-
-
-def is_live(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def stored_rows(store: Path) -> dict[str, tuple[str, float]]:

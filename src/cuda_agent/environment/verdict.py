@@ -22,6 +22,7 @@ class Status(str, enum.Enum):
     OUT_OF_MEMORY = "out_of_memory"
     TASK_ERROR = "task_error"  # the reference itself failed: not the candidate's fault
     SOLUTION_ERROR = "solution_error"  # unreadable solution layout, missing ModelNew
+    INFRA_ERROR = "infra_error"  # a compiler or worker was killed from outside: no judgement, reward 0, retry
 
 
 @dataclass(frozen=True)
