@@ -30,14 +30,15 @@ def free_port() -> int:
 class Server:
     """A ``cuda-agent serve`` subprocess on loopback (CPU backend, one worker, small budgets)."""
 
-    def __init__(self, state_dir: Path, env: dict[str, str], config_file: Path, *extra: str) -> None:
-        self.port = free_port()
+    def __init__(self, state_dir: Path, env: dict[str, str], config_file: Path, *extra: str,
+                 port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = state_dir.parent / f"serve-{self.port}.log"
         command = [sys.executable, "-m", "cuda_agent.cli", "serve", "--port", str(self.port), "--state-dir",
                    str(state_dir), "--device", "cpu", "--no-compile-baseline", "--config", str(config_file),
                    "--workers", "1", "--max-request-mb", "1", *extra]
-        with open(self.log, "w") as log:
+        with open(self.log, "a") as log:
             self.proc = subprocess.Popen(command, env={**env, "CUDA_AGENT_SERVE_TOKEN": TOKEN}, stdout=log,
                                          stderr=subprocess.STDOUT)
         if not wait_until(self._healthy, timeout_s=180, interval_s=0.25):
@@ -68,16 +69,16 @@ class Server:
                 self.kill()
 
 
-
-
 FAST_CONFIG = "timing:\n  budget_s: 0.3\n  min_samples: 3\n  warmup_calls: 1\n"
 
 
-def start_server(root: Path, cache_dir: Path, *extra: str) -> Server:
-    """A service on the CPU backend with short timing budgets, sharing the session's build cache."""
+def start_server(root: Path, cache_dir: Path, *extra: str, port: int | None = None) -> Server:
+    """A service on the CPU backend with short timing budgets, sharing the session's build cache
+    (``port``: the port of an earlier instance, for a restart)."""
     config_file = root / "fast.yaml"
     config_file.write_text(FAST_CONFIG)
-    return Server(root / "state", {**os.environ, "CUDA_AGENT_CACHE_DIR": str(cache_dir)}, config_file, *extra)
+    return Server(root / "state", {**os.environ, "CUDA_AGENT_CACHE_DIR": str(cache_dir)}, config_file, *extra,
+                  port=port)
 
 
 def kernel_files(forward_tail: str = "") -> dict[str, str]:
