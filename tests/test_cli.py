@@ -155,6 +155,13 @@ def test_verify_on_cuda_without_a_gpu_is_bad_usage(cli, cli_env) -> None:
     assert "Traceback" not in result.stderr + result.stdout
 
 
+@pytest.mark.parametrize("command", [["eval"], ["serve"], ["train", "all"], ["synth", "run"], ["agent", "run"]])
+def test_help_is_not_cut_when_piped(cli, cli_env, command) -> None:
+    env = {key: value for key, value in cli_env.items() if key != "COLUMNS"}
+    result = run_cli(cli, env, *command, "--help", timeout_s=120)
+    assert result.returncode == 0 and "…" not in result.stdout
+
+
 def test_version(cli, cli_env) -> None:
     from cuda_agent import __version__
 

@@ -3,6 +3,8 @@ device and the evaluation config built from a YAML file and options."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -14,7 +16,12 @@ from cuda_agent.environment import ConfigError, EvalConfig
 from cuda_agent.environment.guards import GuardConfigError
 
 EXIT_BAD_USAGE = 2
+PIPED_COLUMNS = "120"
+"""Width of output that is not a terminal (a log, a pipe) when ``COLUMNS`` does not say: rich's 80
+would cut ``--help`` text short."""
 
+if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+    os.environ["COLUMNS"] = PIPED_COLUMNS  # read by these consoles and by typer's help, created later
 console = Console()
 err_console = Console(stderr=True)
 
