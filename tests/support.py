@@ -93,6 +93,38 @@ class PeakDiskUsage:
             self.total, self.largest = max(self.total, sum(sizes)), max([self.largest, *sizes])
 
 
+def descendants(pid: int) -> list[int]:
+    """Live processes below ``pid`` (children, grandchildren, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else None
+        except OSError:
+            continue
+        if fields and fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, frontier = [], [pid]
+    while frontier:
+        found += (kids := [k for p in frontier for k in children.get(p, [])])
+        frontier = kids
+    return found
+
+
+def is_live(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def command_line(pid: int) -> str:
+    """The process's arguments joined by spaces ("" once it is gone)."""
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.05) -> bool:
     """Poll ``predicate`` until it is true or ``timeout_s`` passes; return its last value."""
     import time

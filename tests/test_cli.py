@@ -7,6 +7,7 @@ reuse the builds (and baselines) of the in-process tests.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -134,6 +135,48 @@ def test_verify_exits_2_for_a_missing_solution(verify_json, tmp_path: Path) -> N
     assert "no such file or directory" in one_line(result.stderr)
 
 
+def test_verify_json_of_a_solution_that_does_not_parse_is_a_failing_verdict(verify_json, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.py"
+    broken.write_text("import torch\nclass ModelNew(\n")
+    result = verify_json(SMALL_RELU_TASK, broken)
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout)
+    assert (verdict["status"], verdict["reward"]) == ("solution_error", -1) and "syntax error" in verdict["error"]
+
+
+def test_verify_on_cuda_without_a_gpu_is_bad_usage(cli, cli_env) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = run_cli(cli, cli_env, "verify", SMALL_RELU_TASK, EXAMPLES / "solutions" / "cpu" / "relu.py", "--device",
+                     "cuda", timeout_s=120)
+    assert result.returncode == 2 and "no CUDA GPU is visible" in one_line(result.stderr)
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("command", [["eval"], ["serve"], ["train", "all"], ["synth", "run"], ["agent", "run"]])
+def test_help_is_not_cut_when_piped(cli, cli_env, command) -> None:
+    env = {key: value for key, value in cli_env.items() if key != "COLUMNS"}
+    result = run_cli(cli, env, *command, "--help", timeout_s=120)
+    assert result.returncode == 0 and "…" not in result.stdout
+
+
+def test_version(cli, cli_env) -> None:
+    from cuda_agent import __version__
+
+    result = run_cli(cli, cli_env, "--version", timeout_s=120)
+    assert result.returncode == 0 and result.stdout.strip() == f"cuda-agent {__version__}"
+
+
+def test_report_refuses_a_file_that_is_not_a_results_store(cli, cli_env, tmp_path: Path) -> None:
+    notes = tmp_path / "some.txt"
+    notes.write_text("not a database\n")
+    result = run_cli(cli, cli_env, "report", notes, timeout_s=120)
+    assert result.returncode == 2 and "not a results store" in one_line(result.stderr)
+    assert notes.read_text() == "not a database\n"
+
+
 def test_verify_exits_2_for_too_few_trials(verify_json) -> None:
     result = verify_json(SMALL_RELU_TASK, FIXTURES / "solutions" / "raise_in_forward.py", "--trials", "2")
     assert result.returncode == 2
@@ -146,6 +189,7 @@ def test_tasks_list_shows_static_and_import_failures_in_natural_order(cli, cli_e
     good = SMALL_RELU_TASK.read_text()
     (tmp_path / "10_no_model.py").write_text("def get_inputs(): return []\ndef get_init_inputs(): return []\n")
     (tmp_path / "2_import_fails.py").write_text("import no_such_module_4711\n" + good)
+    (tmp_path / "3_import_fails.py").write_text("import no_such_module_4711\n" + good)
     (tmp_path / "1_ok.py").write_text(good)
     result = run_cli(cli, cli_env, "tasks", "list", tmp_path)
     assert result.returncode == 0, result.stderr
@@ -154,7 +198,8 @@ def test_tasks_list_shows_static_and_import_failures_in_natural_order(cli, cli_e
     flat = one_line(out)
     assert "import failed: ModuleNotFoundError: No module named 'no_such_module_4711'" in flat
     assert "missing top-level Model" in flat
-    assert "1 of 3 loaded" in flat
+    assert "1 of 4 loaded" in flat
+    assert "2 failed with: import failed: ModuleNotFoundError: No module named 'no_such_module_4711'" in flat
 
 
 def test_tasks_list_without_import_check_misses_import_failures(cli, cli_env, tmp_path: Path) -> None:
@@ -182,6 +227,10 @@ def test_demo_on_cpu_evaluates_every_sample_and_exits_0(cli, cli_env, fast_confi
         assert task in out
     assert "workdir" in out and "single-file" in out
     assert "correct" in out and "failed" not in result.stderr
+    assert "…" not in out, "a table cell was cut instead of wrapped"
+    steps = re.findall(r"^\[\s*\d+\.\d s\] (.+): (\d+)/(\d+)$", result.stderr, flags=re.M)
+    assert ("building samples in parallel", "1", steps[0][2]) in steps, "no plain progress line when not a terminal"
+    assert steps[-1][1] == steps[-1][2], "the last evaluation step was not reported"
 
 
 def test_the_command_parent_never_imports_torch_to_verify(cli_env) -> None:

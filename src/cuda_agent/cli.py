@@ -5,18 +5,20 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.markup import escape
 from rich.table import Table
 
 from cuda_agent.agent.cli import agent_app, optimize, traj_app
-from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage
+from cuda_agent.cli_output import WrappingTable, step_progress
+from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage, require_local_device
 from cuda_agent.environment import (
-    POLICIES, SolutionError, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
+    POLICIES, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
 )
 from cuda_agent.environment.build import build_many
 from cuda_agent.evaluate.cli import eval_command, report_command
@@ -33,6 +35,20 @@ app.add_typer(agent_app, name="agent")
 app.add_typer(traj_app, name="traj")
 app.add_typer(train_app, name="train")
 app.command()(optimize)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from cuda_agent import __version__
+
+        print(f"cuda-agent {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="Print the version and exit.")) -> None:
+    """Agentic RL for CUDA kernels: evaluate candidates with a hack-resistant reward."""
 app.command("eval")(eval_command)
 app.command("report")(report_command)
 app.command("serve")(serve_command)
@@ -43,7 +59,7 @@ def _fmt(value: Optional[float], unit: str = "") -> str:
 
 
 def _verdict_table(verdict: Verdict) -> Table:
-    table = Table(title=f"{verdict.task}: {verdict.status.value}", show_header=False)
+    table = WrappingTable(title=f"{verdict.task}: {verdict.status.value}", show_header=False)
     rows = [
         ("reward", str(verdict.reward)),
         ("compiled / correct", f"{verdict.compiled} / {verdict.correct}"),
@@ -82,14 +98,17 @@ def verify(
 ) -> None:
     """Build, verify and profile one candidate; print its verdict and reward.
 
-    Exit status 0 whenever a verdict was reached (pass or fail), 2 on bad usage or unreadable input.
+    Exit status 0 whenever a verdict was reached (pass or fail: a solution that does not parse is a
+    verdict, reward -1), 2 on bad usage or an unreadable problem.
     """
     eval_config = build_eval_config(device, config, precision, trials, compile_baseline)
+    require_local_device(eval_config)
     try:
         task = load_task(problem)
-        load_solution(solution)
-    except (TaskLoadError, SolutionError) as exc:
+    except TaskLoadError as exc:
         fail_usage(str(exc))
+    if not solution.exists():
+        fail_usage(f"{solution}: no such file or directory")
     with console.status(f"evaluating {solution.name} on {task.id} ({eval_config.device})", spinner="dots") \
             if not json_out else contextlib.nullcontext():
         verdict = evaluate(task, solution, eval_config)
@@ -104,8 +123,9 @@ def tasks_list(
     path: Path = typer.Argument(..., help="A problem file, a directory of them (e.g. KernelBench/level1), or a .parquet/.jsonl dataset."),
     import_check: bool = typer.Option(True, "--import-check/--no-import-check",
                                       help="Also import each task in a worker process to catch import-time failures."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON list of {id, origin, error} instead of a table."),
 ) -> None:
-    """Show which tasks load and which do not, and why."""
+    """Show which tasks load and which do not, and why; failures that repeat are summarised by cause."""
     from cuda_agent.environment.probe import probe_tasks
 
     try:
@@ -117,18 +137,33 @@ def tasks_list(
         loaded = [r.task for r in results if r.task is not None]
         with console.status(f"importing {len(loaded)} tasks in a worker process"):
             import_errors = probe_tasks(loaded)
-    table = Table(title=f"{path}: {len(results)} entries")
-    table.add_column("id")
-    table.add_column("status")
-    table.add_column("detail", overflow="fold")
-    ok = 0
-    for result in results:
-        error = result.error or (import_errors.get(result.task.origin) if result.task else None)
-        ok += error is None
-        table.add_row(result.task.id if result.task else Path(result.origin).name,
-                      "[green]ok[/green]" if error is None else "[red]failed[/red]", error or "")
+    rows = [(result.task.id if result.task else Path(result.origin).name, result.origin,
+             result.error or (import_errors.get(result.task.origin) if result.task else None)) for result in results]
+    if json_out:
+        print(json.dumps([{"id": name, "origin": origin, "error": error} for name, origin, error in rows]))
+        return
+    table = WrappingTable(title=f"{path}: {len(results)} entries")
+    for column in ("id", "status", "detail"):
+        table.add_column(column)
+    for name, _, error in rows:
+        table.add_row(name, "[green]ok[/green]" if error is None else "[red]failed[/red]", escape(error or ""))
     console.print(table)
-    console.print(f"{ok} of {len(results)} loaded")
+    causes = Counter(_failure_cause(error, origin) for _, origin, error in rows if error is not None)
+    console.print(f"{len(rows) - sum(causes.values())} of {len(rows)} loaded")
+    for cause, count in causes.most_common():
+        if count > 1:
+            hint = next((f" (pip install 'cuda-agent[{extra}]')" for module, extra in _EXTRA_OF_MODULE.items()
+                         if f"No module named '{module}'" in cause), "")
+            console.print(f"  {count} failed with: {cause}{hint}", markup=False, highlight=False, soft_wrap=True)
+
+
+_EXTRA_OF_MODULE = {"transformers": "hf", "pyarrow": "parquet"}
+"""Modules that tasks of the shipped datasets import, and the extra that installs each."""
+
+
+def _failure_cause(error: str, origin: str) -> str:
+    """An error without the task it happened in, so that one cause shared by many tasks is counted once."""
+    return error.removeprefix(f"{origin}: ").strip().splitlines()[-1]
 
 
 @dataclass(frozen=True)
@@ -167,13 +202,13 @@ def demo(
 ) -> None:
     """Evaluate every bundled sample task with its bundled reference solution, end to end."""
     eval_config = build_eval_config(device, config, None, None, compile_baseline)
+    require_local_device(eval_config)
     root = examples or examples_dir()
     runs = _sample_runs(root, eval_config.device)
     if not runs:
         fail_usage(f"{root}: no sample tasks with solutions for device {eval_config.device!r}")
     verdicts: list[tuple[_SampleRun, Verdict]] = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console, disable=json_out) as progress:
+    with step_progress(disable=json_out) as progress:
         building = progress.add_task("building samples in parallel", total=len(runs))
         build_many([load_solution(r.solution) for r in runs], eval_config.device, eval_config.build,
                    eval_config.cache_dir, on_done=lambda _: progress.advance(building),
@@ -186,7 +221,7 @@ def demo(
     if json_out:
         print(json.dumps([v.to_json_dict() for _, v in verdicts], default=str, allow_nan=False))
         return
-    table = Table(title=f"sample tasks on {eval_config.device} (precision {eval_config.verify.precision})")
+    table = WrappingTable(title=f"sample tasks on {eval_config.device} (precision {eval_config.verify.precision})")
     for column in ("task", "layout", "status", "reward", "candidate ms", "eager ms", "compile ms",
                    "vs eager", "vs compile", "build s"):
         table.add_column(column, justify="right" if column not in ("task", "layout", "status") else "left")

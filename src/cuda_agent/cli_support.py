@@ -3,31 +3,44 @@ device and the evaluation config built from a YAML file and options."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from cuda_agent.environment import ConfigError, EvalConfig
 from cuda_agent.environment.guards import GuardConfigError
 
 EXIT_BAD_USAGE = 2
+PIPED_COLUMNS = "120"
+"""Width of output that is not a terminal (a log, a pipe) when ``COLUMNS`` does not say: rich's 80
+would cut ``--help`` text short."""
 
+if "COLUMNS" not in os.environ and not sys.stdout.isatty():
+    os.environ["COLUMNS"] = PIPED_COLUMNS  # read by these consoles and by typer's help, created later
 console = Console()
 err_console = Console(stderr=True)
 
 
 def fail_usage(message: str) -> NoReturn:
     """Print ``message`` as an error and exit with status 2 (bad usage or unreadable input)."""
-    err_console.print(f"[red]error:[/red] {message}")
+    err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)  # '[parquet]' is text, not markup
     raise typer.Exit(EXIT_BAD_USAGE)
 
 
 def default_device() -> str:
-    """``cuda`` when a CUDA GPU is visible to a CUDA build of torch, else the CPU backend. Decided
-    without importing torch (seconds the command's parent process never needs otherwise): the
-    installed torch's build record, the NVIDIA driver's list of GPUs, ``CUDA_VISIBLE_DEVICES``."""
+    """``cuda`` when a CUDA GPU is visible to a CUDA build of torch, else the CPU backend."""
+    return "cuda" if cuda_visible() else "cpu"
+
+
+def cuda_visible() -> bool:
+    """Whether a CUDA GPU is visible to a CUDA build of torch, decided without importing torch
+    (seconds the command's parent process never needs otherwise): the installed torch's build
+    record, the NVIDIA driver's list of GPUs, ``CUDA_VISIBLE_DEVICES``."""
     import importlib.util
     import os
     import re
@@ -40,7 +53,15 @@ def default_device() -> str:
         built_with_cuda = False
     gpus = Path("/proc/driver/nvidia/gpus")
     hidden = os.environ.get("CUDA_VISIBLE_DEVICES", "x").strip() in ("", "-1")
-    return "cuda" if built_with_cuda and gpus.is_dir() and any(gpus.iterdir()) and not hidden else "cpu"
+    return built_with_cuda and gpus.is_dir() and any(gpus.iterdir()) and not hidden
+
+
+def require_local_device(config: EvalConfig) -> None:
+    """Exit 2 when ``config`` asks for a GPU this machine does not have (evaluating here would only
+    end in errors)."""
+    if config.device == "cuda" and not cuda_visible():
+        fail_usage("--device cuda: no CUDA GPU is visible on this machine (torch is a CPU build, the NVIDIA "
+                   "driver lists no GPU, or CUDA_VISIBLE_DEVICES hides them); use --device cpu")
 
 
 def read_yaml_config(path: Path) -> dict[str, Any]:

@@ -30,3 +30,26 @@ def test_put_replaces_and_persists_across_instances(tmp_path: Path) -> None:
     newer = TimingStats(2.0, 2.0, 0.0, 3, 0.0, True)
     BaselineCache(path).put("t", "d", "s", {"eager_tf32_off": newer})
     assert BaselineCache(path).get("t", "d", "s", ["eager_tf32_off"]) == {"eager_tf32_off": newer}
+
+
+def test_a_baseline_timed_under_another_load_is_timed_again(tmp_path: Path) -> None:
+    load = [3.0]  # runnable processes per core
+    cache = BaselineCache(tmp_path / "baselines.sqlite", load=lambda: load[0])
+    cache.put("t", "d", "s", {"eager_tf32_off": STATS})
+    load[0] = 2.5  # a little less busy: still comparable
+    assert cache.get("t", "d", "s", ["eager_tf32_off"]) == {"eager_tf32_off": STATS}
+    load[0] = 0.1  # idle now: the busy baseline would flatter every candidate
+    assert cache.get("t", "d", "s", ["eager_tf32_off"]) == {}
+    cache.put("t", "d", "s", {"eager_tf32_off": STATS})
+    assert cache.get("t", "d", "s", ["eager_tf32_off"]) == {"eager_tf32_off": STATS}
+
+
+def test_entries_of_the_first_schema_are_timed_again(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "baselines.sqlite"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE baselines (task_hash TEXT NOT NULL, device TEXT NOT NULL, software TEXT NOT NULL, "
+                   "variant TEXT NOT NULL, stats TEXT NOT NULL, PRIMARY KEY (task_hash, device, software, variant))")
+        db.execute("INSERT INTO baselines VALUES ('t', 'd', 's', 'eager_tf32_off', '{}')")
+    assert BaselineCache(path, load=lambda: 0.0).get("t", "d", "s", ["eager_tf32_off"]) == {}

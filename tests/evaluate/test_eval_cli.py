@@ -5,6 +5,7 @@ written, and bad usage exits 2 naming the problem."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import sqlite3
@@ -17,33 +18,9 @@ from typer.testing import CliRunner
 from cuda_agent.cli import app
 from cuda_agent.evaluate.store import ResultsStore
 
-from support import EXAMPLES, FIXTURES, SMALL_RELU_TASK, wait_until
+from support import EXAMPLES, FIXTURES, SMALL_RELU_TASK, descendants, is_live, wait_until
 
 RECORDED_CPU_EPISODE = FIXTURES / "agent" / "rmsnorm_cpu.jsonl"
-
-
-def descendants(pid: int) -> list[int]:
-    """Live processes below ``pid`` (children, grandchildren, ...), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split() if entry.name.isdigit() else None
-        except OSError:
-            continue
-        if fields and fields[0] != "Z":
-            children.setdefault(int(fields[1]), []).append(int(entry.name))
-    found, frontier = [], [pid]
-    while frontier:
-        found += (kids := [k for p in frontier for k in children.get(p, [])])
-        frontier = kids
-    return found
-
-
-def is_live(pid: int) -> bool:
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def stored_rows(store: Path) -> dict[str, tuple[str, float]]:
@@ -110,6 +87,9 @@ def test_killed_run_continues_without_reevaluating_finished_tasks_then_reports(
     assert report.returncode == 0, report.stderr
     html, summary = (run / "report.html").read_text(), (run / "summary.md").read_text()
     assert "<svg" in html and "href='verdicts/run/a.json'" in html and "guard_violation" in html
+    assert re.search(r"<td>d</td><td>[^<]*</td><td><span class='failed'>missing</span></td><td>[^<]+</td><td>-1</td>",
+                     html), "a missing solution needs its reason shown and reward -1"
+    assert re.search(r"guard_violation</span></td><td>[^<]+</td><td>-1</td>", html)
     assert json.loads((run / "verdicts" / "run" / "a.json").read_text())["status"] == "correct"
     assert "| overall | 4 | 1 | 50.0% |" in summary and "Evaluations per worker: cpu:0: 3." in summary
     compared = subprocess.run([*cli, "report", str(run), "--compare", str(run), "--out", str(tmp_path / "cmp")],

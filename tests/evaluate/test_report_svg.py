@@ -28,3 +28,11 @@ def test_every_value_lands_in_its_half_octave_bin() -> None:
     counts = {re.sub(r"^A: \d+ in ", "", t): int(re.match(r"A: (\d+)", t).group(1)) for t in titles}
     assert counts == {"<0.125x": 1, "0.5x": 1, "0.707x": 1, "1x": 2, "1.41x": 1, "2x": 1, "≥8x": 1}
     assert sum(counts.values()) == len(values)
+
+
+def test_histogram_axes_have_ticks_and_labels() -> None:
+    root = ET.fromstring(histogram_svg({"A": [1.0, 1.0, 3.0]}, "t"))
+    texts = [text.text for text in root.iter(f"{NS}text")]
+    assert [t for t in texts if t.endswith("x")] == ["0.125x", "0.25x", "0.5x", "1x", "2x", "4x", "8x"]
+    assert {"0", "1", "2", "tasks"} <= set(texts)
+    assert any("half an octave" in t for t in texts)

@@ -52,6 +52,27 @@ def test_workdir_files_keep_kernels_and_skip_build_outputs(tmp_path: Path) -> No
     assert not files.is_single_file
 
 
+def test_solution_files_reject_lone_surrogates() -> None:
+    with pytest.raises(JobInputError, match="lone surrogate"):
+        SolutionFiles.from_mapping({"model_new.py": "x = '\ud800'"})
+
+
+def test_a_failed_staging_leaves_no_partial_folder(tmp_path: Path) -> None:
+    files = SolutionFiles.from_mapping({"a.py": "x = 1", "a.py/b.py": "y = 2"})  # a.py cannot be file and folder
+    with pytest.raises(OSError):
+        files.stage(tmp_path)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_verdict_json_mends_unencodable_text() -> None:
+    verdict = Verdict(compiled=True, correct=False, reward=-1, eager_ms=None, compile_ms=None, candidate_ms=None,
+                      speedup_vs_eager=None, speedup_vs_compile=None, violations=[], error="bad \ud800 text",
+                      precision_policy="faithful", status=Status.RUNTIME_ERROR, device="cpu", task="t")
+    data = verdict.to_json_dict()
+    assert data["error"] == "bad \ufffd text"
+    assert json.dumps(data, ensure_ascii=False).encode()  # UTF-8 can hold it
+
+
 def test_job_round_trips_through_json() -> None:
     job = EvalJob("j1", load_task(SMALL_RELU_TASK), SolutionFiles.from_path(EXAMPLES / "solutions" / "cpu" / "relu.py"))
     assert EvalJob.from_json_dict(json.loads(json.dumps(job.to_json_dict()))) == job

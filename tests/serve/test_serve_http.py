@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,86 +16,22 @@ import pytest
 
 from cuda_agent.serve.client import EvalClient, EvalServiceError, job_request
 
-from support import SMALL_RELU_TASK, wait_until
+from service_process import GUARDED, TASK, TOKEN, Server, kernel_files, start_server
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
 
-TOKEN = "test-token-0123456789abcdef"
-TASK = SMALL_RELU_TASK.read_text()
-GUARDED = ("import torch.nn as nn\nimport torch.nn.functional as F\n\n\nclass ModelNew(nn.Module):\n"
-           "    def forward(self, x):\n        return F.relu(x)\n")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Server:
-    """A ``cuda-agent serve`` subprocess on loopback (CPU backend, one worker, small budgets)."""
-
-    def __init__(self, state_dir: Path, env: dict[str, str], config_file: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = state_dir.parent / f"serve-{self.port}.log"
-        command = [sys.executable, "-m", "cuda_agent.cli", "serve", "--port", str(self.port), "--state-dir",
-                   str(state_dir), "--device", "cpu", "--no-compile-baseline", "--config", str(config_file),
-                   "--workers", "1", "--max-request-mb", "1"]
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(command, env={**env, "CUDA_AGENT_SERVE_TOKEN": TOKEN}, stdout=log,
-                                         stderr=subprocess.STDOUT)
-        if not wait_until(self._healthy, timeout_s=180, interval_s=0.25):
-            self.stop()
-            raise AssertionError(f"the service did not come up:\n{self.log.read_text()[-3000:]}")
-
-    def _healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"the service exited:\n{self.log.read_text()[-3000:]}")
-        try:
-            return httpx.get(f"{self.url}/v1/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def client(self) -> EvalClient:
-        return EvalClient(self.url, token=TOKEN)
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, session_cache_dir: Path):
-    root = tmp_path_factory.mktemp("serve")
-    config_file = root / "fast.yaml"
-    config_file.write_text("timing:\n  budget_s: 0.3\n  min_samples: 3\n  warmup_calls: 1\n")
-    env = {**os.environ, "CUDA_AGENT_CACHE_DIR": str(session_cache_dir)}
-    running = Server(root / "state", env, config_file)
+    running = start_server(tmp_path_factory.mktemp("serve"), session_cache_dir)
     yield running
     running.stop()
 
 
 @pytest.fixture(scope="module")
-def honest_files(tmp_path_factory) -> dict[str, str]:
-    from support import FIXTURES
-
-    files = {f"kernels/{p.name}": p.read_text() for p in (FIXTURES / "fault_kernels" / "kernels").iterdir()}
-    files["model_new.py"] = ("import torch\nimport torch.nn as nn\n\nimport cuda_extension\n\n\n"
-                             "class ModelNew(nn.Module):\n    def forward(self, x):\n        x = x.contiguous()\n"
-                             "        out = torch.empty_like(x)\n"
-                             "        cuda_extension.relu_ok(x.data_ptr(), out.data_ptr(), x.numel())\n"
-                             "        return out\n")
-    return files
+def honest_files() -> dict[str, str]:
+    return kernel_files()
 
 
 def test_client_evaluates_synchronously_asynchronously_and_in_batches(server: Server, honest_files) -> None:
@@ -162,11 +96,8 @@ def queued_ids(state_dir: Path) -> set[str]:
 
 def test_restart_after_a_kill_runs_every_accepted_job_and_reruns_none(tmp_path: Path, session_cache_dir: Path,
                                                                       honest_files) -> None:
-    config_file = tmp_path / "fast.yaml"
-    config_file.write_text("timing:\n  budget_s: 0.3\n  min_samples: 3\n  warmup_calls: 1\n")
-    env = {**os.environ, "CUDA_AGENT_CACHE_DIR": str(session_cache_dir)}
+    first = start_server(tmp_path, session_cache_dir)
     state = tmp_path / "state"
-    first = Server(state, env, config_file)
     try:
         with first.client() as client:
             finished = client.evaluate(TASK, solution_code=GUARDED)
@@ -175,7 +106,7 @@ def test_restart_after_a_kill_runs_every_accepted_job_and_reruns_none(tmp_path: 
     finally:
         first.kill()
     assert queued_ids(state) == set(accepted)
-    second = Server(state, env, config_file)
+    second = start_server(tmp_path, session_cache_dir)
     try:
         with second.client() as client:
             answers = [client.wait(job_id, timeout_s=600) for job_id in accepted]
@@ -183,6 +114,7 @@ def test_restart_after_a_kill_runs_every_accepted_job_and_reruns_none(tmp_path: 
     finally:
         second.stop()
     assert [a.verdict["status"] for a in answers] == ["correct", "guard_violation"]
+    assert "startup: resumed 2 unanswered jobs" in second.log.read_text()
     assert again.result == finished.result, "a job answered before the restart was evaluated again"
     assert queued_ids(state) == set()
 

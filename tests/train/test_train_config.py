@@ -62,3 +62,15 @@ def test_docs_document_every_field():
             continue
         for field in dataclasses.fields(cls):
             assert f"| `{field.name}` |" in text, f"docs/train.md does not document {cls.__name__}.{field.name}"
+
+
+def test_the_shipped_cpu_smoke_config_is_valid_and_cpu_only():
+    import yaml
+
+    from cuda_agent.train.environments import evaluation_settings
+
+    config = TrainConfig.from_dict(yaml.safe_load((REPO_ROOT / "configs" / "train" / "cpu-smoke.yaml").read_text()),
+                                   "cpu-smoke.yaml")
+    evaluation_settings(config)
+    assert config.evaluation["device"] == "cpu" and config.model.device == "cpu"
+    assert config.rft.filter.min_reward == -1  # a random model earns -1: RFT must keep something

@@ -9,13 +9,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from cuda_agent.agent.config import AgentConfig, AgentConfigError
 from cuda_agent.agent.policies import POLICIES, PolicySpec, make_policy
 from cuda_agent.agent.runner import RunnerConfig
 from cuda_agent.agent.trajectory import Trajectory, TrajectoryError, read_trajectories, summarize
+from cuda_agent.cli_output import WrappingTable, step_progress
 from cuda_agent.cli_support import console, err_console, eval_config_from, fail_usage, read_yaml_config
 from cuda_agent.environment import EvalConfig, TaskLoadError, load_task, load_tasks
 
@@ -108,7 +107,7 @@ def optimize(
     with console.status(f"agent optimising {task.id} on {setup.eval.device} with the {policy} policy"):
         result = asyncio.run(run())
     report = result.report
-    table = Table(title=f"{task.id}: reward {report['reward']}", show_header=False)
+    table = WrappingTable(title=f"{task.id}: reward {report['reward']}", show_header=False)
     for name, value in (("correct", str(report["correct"])), ("candidate ms", _num(report["candidate_ms"])),
                         ("eager ms", _num(report["eager_ms"])), ("torch.compile ms", _num(report["compile_ms"])),
                         ("speed-up vs eager", _num(report["speedup_vs_eager"], "x")),
@@ -153,8 +152,7 @@ def agent_run(
     out_path = out / "trajectories.jsonl"
     total = len(task_list) * setup.runner.samples_per_task
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console) as progress:
+    with step_progress() as progress:
         bar = progress.add_task(f"episodes ({policy})", total=total)
 
         async def run():
@@ -251,7 +249,7 @@ def traj_stats(
     if json_out:
         print(json.dumps(dataclasses.asdict(stats)))
         return
-    table = Table(title=f"{path}: {stats.episodes} episode(s)", show_header=False)
+    table = WrappingTable(title=f"{path}: {stats.episodes} episode(s)", show_header=False)
     histogram = "  ".join(f"{reward:+d}: {count}" for reward, count in stats.reward_histogram.items())
     for name, value in (("reward histogram", histogram), ("mean reward", f"{stats.mean_reward:.3f}"),
                         ("turns mean / median", f"{stats.turns_mean:.1f} / {stats.turns_median:g}"),

@@ -1,4 +1,4 @@
-"""Trajectories: one episode per JSONL line (DESIGN §2), the record every later stage reads.
+"""Trajectories: one episode per JSONL line, the record every later stage reads.
 
 A line holds the task, the policy, the full chat history (``messages``: system, user, assistant
 with ``tool_calls``, ``tool`` results), one :class:`Step` per assistant turn (tokens, latency, tool

@@ -11,8 +11,10 @@ import fcntl
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -27,6 +29,8 @@ from cuda_agent.environment.solution import Solution
 from cuda_agent.environment.verdict import BuildInfo
 from cuda_agent.environment.worker import child_env, signal_name
 
+logger = logging.getLogger(__name__)
+
 BUILD_OK_FILE = "BUILD_OK.json"
 BUILD_FAILED_FILE = "BUILD_FAILED.json"
 """Written when the compiler rejected the sources: the same sources and toolchain fail the same way,
@@ -36,13 +40,26 @@ BUILD_PATH_VERSION = "lean-1"
 """Changes whenever the build child's compile path does (part of every build key)."""
 
 
-class CompileError(RuntimeError):
-    """The candidate did not compile (or its build timed out); ``log_tail`` holds compiler output."""
+INFRA_RETRIES = 2
+"""Further tries of a build whose compiler or build process was killed from outside (the kernel's
+OOM killer, an operator): such a failure says nothing about the sources, so it is never cached."""
+_KILLED_COMPILER = re.compile(
+    r"^(?:\S*/)?(?:c\+\+|g\+\+|gcc|cc|clang\+\+|[\w.-]+-g\+\+(?:-\d+)?): fatal error: Killed signal terminated program"
+    r"|^nvcc error\s*: '\w+' died due to signal 9|failed \(exit -9\):$", re.M)
+"""A compiler killed by SIGKILL, as gcc's driver, nvcc or our own compile step report it; each
+pattern anchors on text the toolchain prints at a line start, which a source's ``#error`` cannot."""
 
-    def __init__(self, message: str, log_tail: str = "", timed_out: bool = False) -> None:
+
+class CompileError(RuntimeError):
+    """The candidate did not compile (or its build timed out); ``log_tail`` holds compiler output.
+    ``infrastructure``: the build was killed from outside on every try, not the candidate's fault."""
+
+    def __init__(self, message: str, log_tail: str = "", timed_out: bool = False,
+                 infrastructure: bool = False) -> None:
         super().__init__(message)
         self.log_tail = log_tail
         self.timed_out = timed_out
+        self.infrastructure = infrastructure
 
 
 @dataclass(frozen=True)
@@ -108,7 +125,15 @@ def build_solution(solution: Solution, device: Device, config: BuildConfig, cach
         try:
             if place.sandboxed:
                 prepare_precompiled_headers(device, config, cache_dir)
-            log_tail, compile_stats = _run_compile_child(place, device, config, build_dir, extensions_dir, cache_dir)
+            for attempt in range(INFRA_RETRIES + 1):
+                try:
+                    log_tail, compile_stats = _run_compile_child(place, device, config, build_dir, extensions_dir,
+                                                                 cache_dir)
+                    break
+                except CompileError as exc:
+                    if not exc.infrastructure or attempt == INFRA_RETRIES:
+                        raise
+                    logger.warning("build %s: %s; trying again (%d of %d)", key[:12], exc, attempt + 1, INFRA_RETRIES)
         finally:
             place.close()
     info = BuildInfo(cached=False, seconds=time.monotonic() - started, key=key, log_tail=log_tail,
@@ -175,8 +200,14 @@ def _run_compile_child(place: BuildPlace, device: Device, config: BuildConfig, b
     result = _read_result(place.result_path)
     if result is not None and result.get("compile_error"):
         log_tail = _tail(str(result["compile_error"]), config.log_tail_lines)
+        if _KILLED_COMPILER.search(str(result["compile_error"])):
+            raise CompileError("the compiler was killed (out of memory, or by an operator)", log_tail,
+                               infrastructure=True)
         (build_dir / BUILD_FAILED_FILE).write_text(json.dumps({"message": "compilation failed", "log_tail": log_tail}))
         raise CompileError("compilation failed", log_tail)
+    if proc.returncode == -signal.SIGKILL:  # the OOM killer or an operator; a crash of candidate code is another signal
+        raise CompileError("the build process was killed by SIGKILL", _tail(log_text, config.log_tail_lines),
+                           infrastructure=True)
     if proc.returncode < 0:
         # Killed by a signal with no failed compile recorded: module-level candidate code crashed
         # while being imported. Not a compile error; the candidate worker's import will report it.

@@ -26,7 +26,6 @@ import shutil
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from pathlib import Path
 
 from cuda_agent.environment import sandbox
 from cuda_agent.environment.config import BuildConfig, Device, LimitsConfig, SandboxConfig
+from cuda_agent.environment.owned_scratch import make_owned_dir
 from cuda_agent.environment.solution import Solution
 from cuda_agent.environment.worker import child_env, die_with_parent
 
@@ -97,7 +97,7 @@ def open_place(solution: Solution, build_dir: Path, extensions_dir: Path, sandbo
     """
     if sandbox_config.mode == "off" or os.geteuid() != 0:
         return _in_cache_entry(solution, build_dir, extensions_dir)
-    private = Path(tempfile.mkdtemp(prefix="cuda-agent-build-", dir=_scratch_root()))
+    private = make_owned_dir("build", _scratch_root())  # removed by the next pool if this process is killed
     try:
         private.chmod(0o711)  # the build user may enter it, not list it
         pch_root = cache_dir / "pch"  # prepared after this, by the trusted side: it must exist to be shown

@@ -96,7 +96,7 @@ class VerifyConfig:
     says so in its notes."""
 
     def __post_init__(self) -> None:
-        _require(self.trials >= 5, f"verify.trials must be >= 5 (DESIGN §3), got {self.trials}")
+        _require(self.trials >= 5, f"verify.trials must be >= 5 (fewer leave input-specific hacks undetected), got {self.trials}")
         _require(self.plausible_speedup > 1, f"verify.plausible_speedup must be > 1, got {self.plausible_speedup}")
         _require(0 <= self.timed_audits <= 32, f"verify.timed_audits must be in 0..32, got {self.timed_audits}")
         _require(self.perturb_scale > 0, f"verify.perturb_scale must be > 0, got {self.perturb_scale}")

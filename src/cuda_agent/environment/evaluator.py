@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import secrets
 import shutil
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -98,8 +99,8 @@ class _Evaluation:
             self._begin("")
             self.verdict.phase_seconds["total"] = time.monotonic() - started
         self.verdict.correct = self.verdict.status is Status.CORRECT
-        self.verdict.reward = milestone_reward(self.verdict.correct, self.verdict.speedup_vs_eager,
-                                               self.verdict.speedup_vs_compile)
+        self.verdict.reward = 0 if self.verdict.status is Status.INFRA_ERROR else milestone_reward(
+            self.verdict.correct, self.verdict.speedup_vs_eager, self.verdict.speedup_vs_compile)
         return self.verdict
 
     def _run_phases(self) -> None:
@@ -207,7 +208,8 @@ class _Evaluation:
             built = build.result()
         except CompileError as exc:
             detail = f"{exc}\n{exc.log_tail}".strip()
-            raise _Stop(Status.TIMEOUT if exc.timed_out else Status.COMPILE_ERROR, detail) from None
+            status = Status.INFRA_ERROR if exc.infrastructure else Status.TIMEOUT if exc.timed_out else Status.COMPILE_ERROR
+            raise _Stop(status, detail) from None
         self.verdict.compiled = True
         self.verdict.build = built.info
         shutil.copytree(built.extensions_dir, self.slot.extensions_dir)
@@ -442,7 +444,10 @@ class _Evaluation:
         except RemoteError as exc:
             raise _Stop(Status.TASK_ERROR, f"reference '{op}' failed: {exc}\n{exc.traceback}".strip()) from None
         except WorkerError as exc:
-            raise _Stop(Status.TASK_ERROR, f"reference worker failed during '{op}': {exc}\n{exc.log_tail}".strip()) from None
+            # SIGKILL from outside (the OOM killer, an operator) is no fault of the task; pools try again.
+            killed = isinstance(exc, WorkerDied) and self.slot.reference.proc.returncode == -signal.SIGKILL
+            raise _Stop(Status.INFRA_ERROR if killed else Status.TASK_ERROR,
+                        f"reference worker failed during '{op}': {exc}\n{exc.log_tail}".strip()) from None
 
     def _ask_candidate(self, op: str, payload: dict[str, Any], timeout_s: float, context: str = "") -> dict[str, Any]:
         self._send_candidate(op, payload)

@@ -1,4 +1,4 @@
-"""The CUDA Agent milestone reward (paper; DESIGN §3)."""
+"""The CUDA Agent milestone reward (as in the paper)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Candidate solutions in the two accepted layouts (DESIGN §2).
+"""Candidate solutions in the two accepted layouts.
 
 1. Single file defining ``class ModelNew`` (KernelBench style), usually compiling its kernels with
    ``torch.utils.cpp_extension.load_inline`` when imported.

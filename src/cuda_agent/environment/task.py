@@ -54,6 +54,10 @@ def check_source(code: str, origin: str) -> None:
         tree = ast.parse(code, filename=origin)
     except SyntaxError as exc:
         raise TaskLoadError(f"{origin}: syntax error at line {exc.lineno}: {exc.msg}") from None
+    except UnicodeError:
+        raise TaskLoadError(f"{origin}: not valid Unicode text (it holds a lone surrogate)") from None
+    except (RecursionError, MemoryError, ValueError):
+        raise TaskLoadError(f"{origin}: nested too deeply for the Python parser") from None
     defined = _top_level_names(tree.body)
     missing = [name for name in REQUIRED_NAMES if name not in defined]
     if missing:

@@ -7,6 +7,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cuda_agent.unicode_text import encodable_text
+
 
 class Status(str, enum.Enum):
     """Where an evaluation ended. Only ``CORRECT`` earns a positive reward."""
@@ -20,6 +22,7 @@ class Status(str, enum.Enum):
     OUT_OF_MEMORY = "out_of_memory"
     TASK_ERROR = "task_error"  # the reference itself failed: not the candidate's fault
     SOLUTION_ERROR = "solution_error"  # unreadable solution layout, missing ModelNew
+    INFRA_ERROR = "infra_error"  # a compiler or worker was killed from outside: no judgement, reward 0, retry
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,7 @@ class BuildInfo:
 class Verdict:
     """The trusted evaluator's conclusion about one candidate on one task.
 
-    The first fields are the stable JSON contract of ``cuda-agent verify --json`` (DESIGN §3).
+    The first fields are the stable JSON contract of ``cuda-agent verify --json`` (README).
     """
 
     compiled: bool
@@ -104,7 +107,8 @@ class Verdict:
     environment: dict[str, str] = field(default_factory=dict)
 
     def to_json_dict(self) -> dict[str, Any]:
-        """Plain JSON-safe data: non-finite floats (an error ratio of inf) become ``None``."""
+        """Plain JSON-safe data: non-finite floats (an error ratio of inf) become ``None``, and text
+        that UTF-8 cannot encode (a lone surrogate in a candidate's exception) gets U+FFFD instead."""
         data = asdict(self)
         data["status"] = self.status.value
         return _finite_or_none(data)
@@ -132,6 +136,8 @@ class Verdict:
 def _finite_or_none(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return encodable_text(value)
     if isinstance(value, dict):
         return {k: _finite_or_none(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import TimeRemainingColumn
 from rich.table import Table
 
 from cuda_agent.agent.cli import AGENT_OPTIONS
 from cuda_agent.agent.policies import POLICIES as AGENT_POLICIES
 from cuda_agent.agent.policies import PolicySpec
-from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage
+from cuda_agent.cli_output import BAR_COLUMNS, WrappingTable, step_progress
+from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage, require_local_device
 from cuda_agent.environment import POLICIES, EvalConfig
 from cuda_agent.evaluate.metrics import GroupMetrics, benchmark_metrics
 from cuda_agent.evaluate.policy import DEFAULT_TURNS
@@ -95,6 +96,8 @@ def eval_command(
     """
     eval_config = build_eval_config(device, config, precision, None, compile_baseline)
     pool_config = _pool_config(backend, address, token, workers, gpus, compile_workers)
+    if pool_config.backend == "local":
+        require_local_device(eval_config)
     levels = tuple(sorted(set(level or ())))
     try:
         task_set = load_task_set(tasks, levels)
@@ -152,8 +155,7 @@ def _evaluate_with_progress(store: ResultsStore, run_dir: Path, task_set: list[E
     plans = plan_run(task_set, match.by_task)
     todo = still_to_do(store, run_dir.name, plans)
     _announce(task_set, match, run_dir, len(plans) - len(todo))
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), TimeRemainingColumn(), console=err_console, disable=quiet)
+    progress = step_progress(*BAR_COLUMNS, TimeRemainingColumn(), disable=quiet)
     with progress:
         bar = progress.add_task("evaluating", total=len(plans), completed=len(plans) - len(todo))
         correct = 0
@@ -197,7 +199,7 @@ def _speed(value: Optional[float]) -> str:
 
 
 def metrics_table(metrics: dict[str, GroupMetrics], title: str) -> Table:
-    table = Table(title=title)
+    table = WrappingTable(title=title)
     for column in ("group", "tasks", "pass", ">eager", ">compile", "geomean/eager", "geomean/compile",
                    "fast_1.5/compile", "fast_2/compile"):
         table.add_column(column, justify="left" if column == "group" else "right")

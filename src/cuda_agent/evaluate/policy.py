@@ -2,7 +2,7 @@
 evaluated like any folder of solutions.
 
 Splitting the two keeps the benchmark numbers independent of how solutions were produced (the
-trusted evaluator scores the agent's final workdir once more, as in DESIGN §4), and makes a policy
+trusted evaluator scores the agent's final workdir once more), and makes a policy
 run resumable in both halves: tasks that already have a solution in the folder are not given to
 the agent again, and the evaluation continues through the results store.
 """
@@ -23,7 +23,7 @@ from cuda_agent.evaluate.tasks import EvalTask
 logger = logging.getLogger(__name__)
 
 DEFAULT_TURNS = 200
-"""Agent turns per task in evaluation (DESIGN §4: training uses 150, evaluation 200)."""
+"""Agent turns per task in evaluation (the paper: training uses 150, evaluation 200)."""
 
 
 def tasks_without_solution(tasks: list[EvalTask], solutions_dir: Path) -> list[EvalTask]:

@@ -12,7 +12,7 @@ from cuda_agent.evaluate.metrics import FAST_P_THRESHOLDS, HEADLINE_BASELINES, T
 from cuda_agent.evaluate.report import (
     ENVIRONMENT_KEYS, RunReport, format_value, metric_rows, relative_link, verdict_file,
 )
-from cuda_agent.evaluate.store import ResultRecord
+from cuda_agent.evaluate.store import HARNESS_ERROR, ResultRecord
 from cuda_agent.evaluate.svg import histogram_svg
 
 _STYLE = """
@@ -113,7 +113,7 @@ def _ms(record: ResultRecord, field: str) -> str:
 
 def _task_rows(primary: RunReport, other: RunReport | None, folder: Path) -> str:
     others = {r.task_key: r for r in other.records} if other else {}
-    header = ["task", "level", "status", "reward", "candidate ms", "eager ms", "compile ms", "vs eager", "vs compile",
+    header = ["task", "level", "status", "reason", "reward", "candidate ms", "eager ms", "compile ms", "vs eager", "vs compile",
               "worker", "solution", "verdict"]
     if other:
         header += [f"{other.name}: status", f"{other.name}: vs eager", f"{other.name}: vs compile"]
@@ -121,13 +121,16 @@ def _task_rows(primary: RunReport, other: RunReport | None, folder: Path) -> str
     for record in sorted(primary.records, key=lambda r: (r.level or 0, r.task_key)):
         css = "correct" if record.correct else "failed"
         error = (record.error or "").strip().splitlines()
-        status = f"<span class='{css}' title='{escape(error[0][:300]) if error else ''}'>{escape(record.status)}</span>"
+        status = f"<span class='{css}'>{escape(record.status)}</span>"
+        reason = "" if record.correct or not error else escape(
+            (error[-1] if error[0].startswith("Traceback") else error[0])[:300])
         solution = (f"<a href='{escape(relative_link(record.solution, folder))}'>{escape(Path(record.solution).name)}</a>"
                     if record.solution else "—")
         verdict = (f"<a href='{escape(relative_link(verdict_file(folder, primary, record), folder))}'>json</a>"
                    if record.verdict else "—")
-        reward = str(record.verdict["reward"]) if record.verdict else "—"
-        row = [escape(record.task_key), escape(str(record.level or "")), status, reward, _ms(record, "candidate_ms"),
+        # No verdict: a missing solution fails (-1); a harness error is nobody's reward yet.
+        reward = str(record.verdict["reward"]) if record.verdict else "—" if record.status == HARNESS_ERROR else "-1"
+        row = [escape(record.task_key), escape(str(record.level or "")), status, reason, reward, _ms(record, "candidate_ms"),
                _ms(record, "eager_ms"), _ms(record, "compile_ms"), _speedup(record, "eager"),
                _speedup(record, "compile"), escape(record.worker or "—"), solution, verdict]
         if other:

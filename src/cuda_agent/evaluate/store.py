@@ -9,6 +9,7 @@ refuses to continue under different ones.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 import time
@@ -87,6 +88,17 @@ class RunInfo:
     info: dict[str, Any]  # details for reports (paths, environment)
 
 
+def _is_results_store(file: Path) -> bool:
+    try:
+        with file.open("rb") as handle:
+            if handle.read(16) != b"SQLite format 3\0":
+                return False
+        with contextlib.closing(sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)) as db:
+            return db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND name='results'").fetchone() is not None
+    except (OSError, sqlite3.Error):
+        return False
+
+
 class ResultsStore:
     """Thread-safe access to one results file (``results.sqlite`` in a run's folder)."""
 
@@ -104,6 +116,9 @@ class ResultsStore:
         file = path / STORE_FILE if path.is_dir() else path
         if not file.is_file():
             raise StoreError(f"{path}: no results store (expected {STORE_FILE} written by `cuda-agent eval`)")
+        if not _is_results_store(file):  # never turn someone's file into a store by opening it
+            raise StoreError(f"{file}: not a results store written by `cuda-agent eval` (expected an SQLite file "
+                             "with a results table, e.g. <run folder>/results.sqlite)")
         return cls(file)
 
     def close(self) -> None:

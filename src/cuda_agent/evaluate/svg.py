@@ -60,12 +60,19 @@ def histogram_svg(series: dict[str, list[float]], title: str) -> str:
     one_x = _LEFT + (sum(edge < 0 for edge in BIN_EDGES_LOG2) + 1) * bin_w
     parts.append(f'<line x1="{one_x:.1f}" y1="{_TOP}" x2="{one_x:.1f}" y2="{base_y}" stroke="#333" '
                  'stroke-dasharray="3,3"/>')
-    parts.append(f'<line x1="{_LEFT}" y1="{base_y}" x2="{_LEFT + plot_w}" y2="{base_y}" stroke="#333"/>')
-    for i in range(0, n_bins, 2):
-        parts.append(f'<text x="{_LEFT + i * bin_w + bin_w / 2:.1f}" y="{base_y + 14}" text-anchor="middle">'
-                     f'{escape(_bin_label(i))}</text>')
-    parts.append(f'<text x="{_LEFT - 6}" y="{_TOP + 4}" text-anchor="end">{peak}</text>'
-                 f'<text x="{_LEFT - 6}" y="{base_y}" text-anchor="end">0</text>'
-                 f'<text x="{_LEFT + plot_w / 2:.1f}" y="{_HEIGHT - 6}" text-anchor="middle">speed-up (tasks per bin; '
-                 'dashed: 1x)</text></svg>')
+    parts.append(f'<line x1="{_LEFT}" y1="{base_y}" x2="{_LEFT + plot_w}" y2="{base_y}" stroke="#333"/>'
+                 f'<line x1="{_LEFT}" y1="{_TOP}" x2="{_LEFT}" y2="{base_y}" stroke="#333"/>')
+    for i, edge in enumerate(BIN_EDGES_LOG2, start=1):  # a tick on every bin edge, a label on every octave
+        x = _LEFT + i * bin_w
+        parts.append(f'<line x1="{x:.1f}" y1="{base_y}" x2="{x:.1f}" y2="{base_y + 4}" stroke="#333"/>')
+        if edge == int(edge):
+            parts.append(f'<text x="{x:.1f}" y="{base_y + 15}" text-anchor="middle">{2 ** edge:g}x</text>')
+    for count in sorted({0, peak // 2, peak}):
+        y = base_y - plot_h * count / peak
+        parts.append(f'<line x1="{_LEFT - 4}" y1="{y:.1f}" x2="{_LEFT}" y2="{y:.1f}" stroke="#333"/>'
+                     f'<text x="{_LEFT - 6}" y="{y + 3:.1f}" text-anchor="end">{count}</text>')
+    parts.append(f'<text x="12" y="{_TOP + plot_h / 2:.1f}" text-anchor="middle" '
+                 f'transform="rotate(-90 12 {_TOP + plot_h / 2:.1f})">tasks</text>'
+                 f'<text x="{_LEFT + plot_w / 2:.1f}" y="{_HEIGHT - 6}" text-anchor="middle">speed-up (bins of half an '
+                 'octave; edge bins open-ended; dashed line: 1x)</text></svg>')
     return "".join(parts)

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
 
 from cuda_agent.environment import Task, Verdict, load_solution
+from cuda_agent.unicode_text import encodable_text, is_unicode
 from cuda_agent.environment.solution import KERNEL_SUFFIXES
 
 SOURCE_SUFFIXES = (".py", *KERNEL_SUFFIXES)
@@ -53,6 +54,9 @@ class SolutionFiles:
             _check_relative_path(name)
             if not isinstance(text, str):
                 raise JobInputError(f"solution file {name!r} must be text, got {type(text).__name__}")
+            if not is_unicode(name) or not is_unicode(text):
+                raise JobInputError(f"solution file {encodable_text(name)!r} is not valid Unicode text "
+                                    "(it holds a lone surrogate)")
         if len(set(names)) != len(names) or names != sorted(names):
             raise JobInputError("solution file names must be unique and sorted (use SolutionFiles.from_mapping)")
 
@@ -100,9 +104,13 @@ class SolutionFiles:
         if not target.is_dir():
             root.mkdir(parents=True, exist_ok=True)
             partial = Path(tempfile.mkdtemp(prefix=".staging-", dir=root))
-            for name, text in self.files:
-                (partial / name).parent.mkdir(parents=True, exist_ok=True)
-                (partial / name).write_text(text)
+            try:
+                for name, text in self.files:
+                    (partial / name).parent.mkdir(parents=True, exist_ok=True)
+                    (partial / name).write_text(text)
+            except BaseException:  # a full disk: leave no half-written folder behind
+                shutil.rmtree(partial, ignore_errors=True)
+                raise
             try:
                 os.rename(partial, target)
             except OSError:  # another process staged the same content first
@@ -165,7 +173,8 @@ class JobResult:
         return self.status is JobStatus.DONE
 
     def to_json_dict(self) -> dict[str, Any]:
-        return {"job_id": self.job_id, "status": self.status.value, "error": self.error, "worker": self.worker,
+        error = None if self.error is None else encodable_text(self.error)
+        return {"job_id": self.job_id, "status": self.status.value, "error": error, "worker": self.worker,
                 "attempts": self.attempts, "queued_s": self.queued_s, "eval_s": self.eval_s,
                 "verdict": None if self.verdict is None else self.verdict.to_json_dict()}
 

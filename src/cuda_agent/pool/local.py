@@ -9,13 +9,14 @@ own scratch folder, which is emptied whenever its worker is restarted.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from cuda_agent.environment import EvalConfig, Verdict
+from cuda_agent.environment.owned_scratch import make_owned_dir, sweep_orphans
 from cuda_agent.environment.slots import default_scratch_root
 from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProcess, child_env
 from cuda_agent.pool.base import EvalLane, JobRejected, LaneFailed
@@ -23,6 +24,8 @@ from cuda_agent.pool.config import PoolConfig, PoolConfigError
 from cuda_agent.pool.jobs import EvalJob
 from cuda_agent.pool.pipeline import LanePipeline
 from cuda_agent.pool.work import PoolWork, default_staging_dir
+
+logger = logging.getLogger(__name__)
 
 SETUP_TIMEOUT_S = 300.0
 """Time a fresh worker may take to import the environment and accept its configuration."""
@@ -102,8 +105,10 @@ class LocalPool(LanePipeline):
     def __init__(self, config: EvalConfig, pool_config: PoolConfig) -> None:
         staging_dir = pool_config.staging_dir or default_staging_dir(config)
         slots = _lane_slots(config, pool_config)
-        self.scratch_root = Path(tempfile.mkdtemp(prefix="cuda-agent-pool-",
-                                                  dir=config.scratch_dir or default_scratch_root()))
+        root = Path(config.scratch_dir) if config.scratch_dir else default_scratch_root()
+        for orphan in {*sweep_orphans(root), *sweep_orphans(default_scratch_root())}:
+            logger.info("removed %s, left behind by a process that was killed", orphan)
+        self.scratch_root = make_owned_dir("pool", root)
         lanes = [ProcessLane(name, config, staging_dir, self.scratch_root, gpu, pool_config.job_timeout_s)
                  for name, gpu in slots]
         work = PoolWork(config, staging_dir)

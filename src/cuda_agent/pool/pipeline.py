@@ -21,7 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from cuda_agent.environment import Verdict
+from cuda_agent.environment import Status, Verdict
 from cuda_agent.pool.base import EvalLane, EvalPool, JobRejected, LaneFailed, LaneStats, PoolClosed, PoolStats
 from cuda_agent.pool.jobs import EvalJob, JobResult, JobStatus
 
@@ -188,7 +188,12 @@ class LanePipeline(EvalPool):
         """Build each job, except that a job whose sources are being built by another compile thread
         waits for that build without holding a thread (samples of one policy repeat often)."""
         while (entry := self._inbox.get()) is not None:
-            sources = entry.job.solution.content_hash()
+            try:
+                sources = entry.job.solution.content_hash()
+            except Exception as exc:  # noqa: BLE001 - a malformed job must not end this thread
+                logger.exception("job %s cannot be built", entry.job.job_id)
+                self._answer_failed(entry, f"the job's sources cannot be hashed ({type(exc).__name__}: {exc})", "")
+                continue
             with self._lock:
                 self._counts["building"] += 1
                 if sources in self._building:
@@ -234,25 +239,34 @@ class LanePipeline(EvalPool):
             verdict = state.lane.evaluate(entry.job)
         except LaneFailed as exc:
             state.alive = False
-            with self._lock:
-                self._counts["retried"] += 1
-            logger.warning("lane %s lost job %s (attempt %d of %d): %s", state.lane.name, entry.job.job_id,
-                           entry.attempts, self._max_attempts, exc)
-            if entry.attempts < self._max_attempts:
-                self._ready.put_front(entry)
-            else:
-                self._answer_failed(entry, f"the evaluation worker failed on all {entry.attempts} attempts; "
-                                           f"last: {exc}", state.lane.name, started)
+            self._try_again(state, entry, "the evaluation worker failed", str(exc), started)
         except JobRejected as exc:
             self._answer_failed(entry, str(exc), state.lane.name, started)
         except Exception as exc:  # noqa: BLE001 - a bug in a lane must still answer the job
             logger.exception("lane %s raised on job %s", state.lane.name, entry.job.job_id)
             self._answer_failed(entry, f"{type(exc).__name__}: {exc}", state.lane.name, started)
         else:
+            if verdict.status is Status.INFRA_ERROR:  # a compiler or worker killed from outside: no verdict yet
+                self._try_again(state, entry, "an infrastructure fault (infra_error) ended the evaluation",
+                                verdict.error or "", started)
+                return
             state.jobs_done += 1
             self._answer(entry, verdict, None, state.lane.name, started)
         finally:
             state.current_job = None
+
+    def _try_again(self, state: _LaneState, entry: _Entry, what: str, detail: str, started: float) -> None:
+        """An attempt that reached no verdict: queue the job again, or after ``max_attempts``
+        answer it without a verdict (a harness failure is never the candidate's reward)."""
+        with self._lock:
+            self._counts["retried"] += 1
+        logger.warning("lane %s, job %s (attempt %d of %d): %s: %s", state.lane.name, entry.job.job_id,
+                       entry.attempts, self._max_attempts, what, detail)
+        if entry.attempts < self._max_attempts:
+            self._ready.put_front(entry)
+        else:
+            self._answer_failed(entry, f"{what} on all {entry.attempts} attempts; last: {detail}", state.lane.name,
+                                started)
 
     def _start_lane(self, state: _LaneState) -> bool:
         """(Re)start the lane's worker; after ``LANE_START_ATTEMPTS`` failures in a row, retire it."""

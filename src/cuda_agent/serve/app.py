@@ -14,25 +14,37 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import uuid
 from typing import Any, Optional
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from pydantic import BaseModel, ConfigDict, Field
 
 from cuda_agent.pool import PoolClosed
 from cuda_agent.serve.config import ServeConfig
+from cuda_agent.serve.queue import IdempotencyConflict
 from cuda_agent.serve.service import BadJobRequest, EvalService, JobView, job_from_request
 
 TASK_ID_PATTERN = r"^[^\x00-\x1f]{1,200}$"
+IDEMPOTENCY_KEY = Header(None, alias="Idempotency-Key", pattern=r"^[\x21-\x7e]{1,200}$",
+                         description="A client's name for this submission: a retry with the same key gets the "
+                                     "same jobs back instead of new ones.")
+
+
+def _digest(request: BaseModel) -> str:
+    """Identifies a request's content, so that a reused idempotency key with other content is caught."""
+    return hashlib.sha256(request.model_dump_json().encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class JobRequest(BaseModel):
     """One (task, solution) to evaluate."""
 
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is an error, not silently ignored
     task_code: str = Field(description="KernelBench-format problem source (class Model, get_inputs, get_init_inputs).")
     task_id: Optional[str] = Field(None, pattern=TASK_ID_PATTERN, description="Name for the task in the verdict.")
     solution_files: Optional[dict[str, str]] = Field(
@@ -41,6 +53,7 @@ class JobRequest(BaseModel):
 
 
 class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     jobs: list[JobRequest]
 
 
@@ -101,9 +114,29 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def bad_job(_: Request, exc: BadJobRequest) -> JSONResponse:
         return JSONResponse({"detail": str(exc), "field": exc.field}, status_code=400)
 
+    @app.exception_handler(IdempotencyConflict)
+    async def conflict(_: Request, exc: IdempotencyConflict) -> JSONResponse:
+        return JSONResponse({"detail": str(exc), "field": "Idempotency-Key"}, status_code=409)
+
     @app.exception_handler(PoolClosed)
     async def closing(_: Request, exc: PoolClosed) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=503)
+
+
+def _add_api_docs(app: FastAPI, authorised) -> None:
+    """``/openapi.json``, ``/docs`` and ``/redoc``, for holders of the token only."""
+
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authorised)])
+    async def openapi() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=[Depends(authorised)])
+    async def swagger():
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=app.title)
+
+    @app.get("/redoc", include_in_schema=False, dependencies=[Depends(authorised)])
+    async def redoc():
+        return get_redoc_html(openapi_url="/openapi.json", title=app.title)
 
 
 def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
@@ -115,7 +148,8 @@ def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
         yield
         await asyncio.to_thread(service.close)
 
-    app = FastAPI(title="cuda-agent evaluation service", version="1", lifespan=lifespan)
+    app = FastAPI(title="cuda-agent evaluation service", version="1", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None)  # served below, behind the token like every other page
     app.add_middleware(_BodySizeLimit, max_bytes=config.max_request_bytes)
 
     def authorised(request: Request) -> None:
@@ -127,6 +161,7 @@ def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
                                 headers={"WWW-Authenticate": "Bearer"})
 
     _add_error_handlers(app)
+    _add_api_docs(app, authorised)
 
     async def view_after(job_id: str, wait_s: float) -> JobView:
         future = service.pending_future(job_id)
@@ -152,24 +187,25 @@ def create_app(service: EvalService, config: ServeConfig) -> FastAPI:
         return await asyncio.to_thread(service.metrics)
 
     @app.post("/v1/evaluate", dependencies=[Depends(authorised)])
-    async def evaluate(request: JobRequest, wait_s: float = Query(600.0, ge=0)) -> JSONResponse:
-        job = _job(request)
-        await asyncio.to_thread(service.accept, [job])
-        return respond(await view_after(job.job_id, wait_s), pending_status=202)
+    async def evaluate(request: JobRequest, wait_s: float = Query(600.0, ge=0),
+                       idempotency_key: Optional[str] = IDEMPOTENCY_KEY) -> JSONResponse:
+        job = await asyncio.to_thread(_job, request)  # parsing a large task must not stall other requests
+        [job_id] = await asyncio.to_thread(service.accept, [job], idempotency_key, _digest(request))
+        return respond(await view_after(job_id, wait_s), pending_status=202)
 
     @app.post("/v1/jobs", status_code=202, dependencies=[Depends(authorised)])
-    async def submit(request: JobRequest) -> dict[str, Any]:
-        job = _job(request)
-        await asyncio.to_thread(service.accept, [job])
-        return {"job_id": job.job_id, "state": "queued"}
+    async def submit(request: JobRequest, idempotency_key: Optional[str] = IDEMPOTENCY_KEY) -> dict[str, Any]:
+        job = await asyncio.to_thread(_job, request)
+        [job_id] = await asyncio.to_thread(service.accept, [job], idempotency_key, _digest(request))
+        return {"job_id": job_id, "state": "queued"}
 
     @app.post("/v1/jobs/batch", status_code=202, dependencies=[Depends(authorised)])
-    async def submit_batch(batch: BatchRequest) -> dict[str, Any]:
+    async def submit_batch(batch: BatchRequest, idempotency_key: Optional[str] = IDEMPOTENCY_KEY) -> dict[str, Any]:
         if not 1 <= len(batch.jobs) <= config.max_batch:
             raise BadJobRequest("jobs", f"a batch holds 1 to {config.max_batch} jobs, got {len(batch.jobs)}")
-        jobs = [_job(request, f"jobs[{index}].") for index, request in enumerate(batch.jobs)]
-        await asyncio.to_thread(service.accept, jobs)
-        return {"job_ids": [job.job_id for job in jobs]}
+        jobs = await asyncio.to_thread(lambda: [_job(request, f"jobs[{index}].")
+                                                for index, request in enumerate(batch.jobs)])
+        return {"job_ids": await asyncio.to_thread(service.accept, jobs, idempotency_key, _digest(batch))}
 
     @app.get("/v1/jobs/{job_id}", dependencies=[Depends(authorised)])
     async def job(job_id: str, wait_s: float = Query(0.0, ge=0)) -> JSONResponse:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import socket
+import tempfile
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -23,6 +27,24 @@ def _token(token_file: Optional[Path]) -> Optional[str]:
         return token_file.read_text().strip() or None
     except OSError as exc:
         fail_usage(f"{token_file}: cannot read the token file ({exc})")
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _redactor(eval_config):
+    from cuda_agent.environment.slots import default_scratch_root
+    from cuda_agent.pool.work import default_staging_dir
+    from cuda_agent.serve.redact import PathRedactor
+
+    roots = {Path(tempfile.gettempdir()), Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"), default_scratch_root()}
+    if eval_config.scratch_dir:
+        roots.add(Path(eval_config.scratch_dir))
+    return PathRedactor(default_staging_dir(eval_config), eval_config.cache_dir, tuple(sorted(roots)))
 
 
 def serve_command(
@@ -59,10 +81,19 @@ def serve_command(
     from cuda_agent.serve.config import JOBS_FILE, ServeConfig, ServeConfigError
     from cuda_agent.serve.queue import JobQueue
     from cuda_agent.serve.service import EvalService
+    from cuda_agent.serve.state_lock import StateDirBusy, StateDirLock
 
     if backend not in ("local", "ray"):
         fail_usage(f"--backend must be local or ray for a service, got {backend!r}")
+    if allow_anonymous and not _is_loopback(host):
+        err_console.print(f"warning: --allow-anonymous on {host}: anyone who can reach this port may submit code to "
+                          "run on this machine; use a bearer token unless the network is trusted", style="yellow",
+                          markup=False)
     eval_config = build_eval_config(device, config, precision, None, compile_baseline)
+    try:
+        lock = StateDirLock(state_dir)  # before any worker starts: a second instance fails fast
+    except (StateDirBusy, OSError) as exc:
+        fail_usage(str(exc))
     try:
         serve_config = ServeConfig(state_dir=state_dir, token=_token(token_file), allow_anonymous=allow_anonymous,
                                    max_request_mb=max_request_mb, max_batch=max_batch)
@@ -72,7 +103,8 @@ def serve_command(
     except (ServeConfigError, PoolConfigError) as exc:
         fail_usage(str(exc))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    service = EvalService(JobQueue(state_dir / JOBS_FILE), pool)
+    owner = f"pid {os.getpid()} on {socket.gethostname()} ({uuid.uuid4().hex[:8]})"
+    service = EvalService(JobQueue(state_dir / JOBS_FILE, owner), pool, _redactor(eval_config))
     lanes = ", ".join(lane.name for lane in pool.stats().lanes)
     err_console.print(f"serving on http://{host}:{port} ({eval_config.device}; workers {lanes}; jobs in "
                       f"{state_dir / JOBS_FILE})")
@@ -80,3 +112,4 @@ def serve_command(
         uvicorn.run(create_app(service, serve_config), host=host, port=port, log_level="info")
     finally:
         service.close()  # when uvicorn never started (port taken), its shutdown did not close the pool
+        lock.release()

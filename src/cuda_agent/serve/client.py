@@ -13,6 +13,7 @@ the ``verify --json`` contract)::
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ import httpx
 DEFAULT_WAIT_S = 600.0
 POLL_WAIT_S = 30.0
 """Each long-poll asks the service to hold the request this long before answering "not yet"."""
+SUBMIT_ATTEMPTS = 3
+"""Tries of one submission when the connection fails; each carries the same ``Idempotency-Key``, so
+a submission the service stored before the connection broke is not stored twice."""
 
 
 class EvalServiceError(RuntimeError):
@@ -99,6 +103,20 @@ class EvalClient:
 
     def _call(self, method: str, path: str, wait_s: float = 0.0, **kwargs) -> dict[str, Any]:
         response = self._http.request(method, path, timeout=self.timeout_s + wait_s, **kwargs)
+        return self._decode(response)
+
+    def _submit(self, path: str, wait_s: float = 0.0, **kwargs) -> dict[str, Any]:
+        """POST a submission, retried on connection failures under one idempotency key."""
+        headers = {"Idempotency-Key": uuid.uuid4().hex}
+        for attempt in range(1, SUBMIT_ATTEMPTS):
+            try:
+                return self._decode(self._http.post(path, timeout=self.timeout_s + wait_s, headers=headers, **kwargs))
+            except httpx.TransportError:
+                time.sleep(attempt)
+        return self._decode(self._http.post(path, timeout=self.timeout_s + wait_s, headers=headers, **kwargs))
+
+    @staticmethod
+    def _decode(response: httpx.Response) -> dict[str, Any]:
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
@@ -115,11 +133,11 @@ class EvalClient:
 
     def submit(self, request: dict[str, Any]) -> str:
         """Queue one job (a :func:`job_request` body); returns its id."""
-        return self._call("POST", "/v1/jobs", json=request)["job_id"]
+        return self._submit("/v1/jobs", json=request)["job_id"]
 
     def submit_batch(self, requests: list[dict[str, Any]]) -> list[str]:
         """Queue many jobs in one request (all accepted, or none); returns their ids in order."""
-        return self._call("POST", "/v1/jobs/batch", json={"jobs": requests})["job_ids"]
+        return self._submit("/v1/jobs/batch", json={"jobs": requests})["job_ids"]
 
     def get(self, job_id: str, wait_s: float = 0.0) -> RemoteJob:
         """The job's state; with ``wait_s``, the service holds the request until the job finishes or
@@ -150,7 +168,7 @@ class EvalClient:
         body = job_request(task_code, solution_files=solution_files, solution_code=solution_code,
                            solution_path=solution_path, task_id=task_id)
         first_wait = POLL_WAIT_S if timeout_s is None else min(timeout_s, DEFAULT_WAIT_S)
-        data = self._call("POST", "/v1/evaluate", first_wait, params={"wait_s": first_wait}, json=body)
+        data = self._submit("/v1/evaluate", first_wait, params={"wait_s": first_wait}, json=body)
         job = RemoteJob(data["job_id"], data["state"], data["result"])
         if job.finished:
             return job

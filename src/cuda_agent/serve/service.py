@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
 from cuda_agent.pool import EvalJob, EvalPool, JobInputError, JobResult, PoolClosed, SolutionFiles
 from cuda_agent.serve.queue import JobQueue, JobState, StoredJob
+from cuda_agent.unicode_text import is_unicode
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +53,8 @@ def job_from_request(job_id: str, task_code: Any, task_id: Any, solution_files: 
         raise BadJobRequest(f"{field_prefix}solution_files", "give exactly one of solution_files (a mapping of "
                             "relative path to source) or solution_code (one .py defining ModelNew)")
     name = task_id or "task"
+    if not is_unicode(name):
+        raise BadJobRequest(f"{field_prefix}task_id", "not valid Unicode text (it holds a lone surrogate)")
     try:
         check_source(task_code, f"{field_prefix}task_code")
     except TaskLoadError as exc:
@@ -69,32 +73,52 @@ class EvalService:
     Args:
         queue: the persistent job queue.
         pool: where jobs are evaluated (its workers belong to the service from now on).
+        redact: rewrites an answer's JSON before it is stored (this host's paths out).
     """
 
-    def __init__(self, queue: JobQueue, pool: EvalPool) -> None:
+    def __init__(self, queue: JobQueue, pool: EvalPool,
+                 redact: Callable[[dict[str, Any]], dict[str, Any]] = lambda answer: answer) -> None:
         self.queue = queue
         self.pool = pool
+        self._redact = redact
         self.started_at = time.time()
         self._closing = False
         self._lock = threading.Lock()
         self._pending: dict[str, Future[JobResult]] = {}
 
     def resume(self) -> int:
-        """Queue again every job accepted before a restart and not answered; returns how many."""
-        jobs = self.queue.queued()
-        for job in jobs:
+        """Take over and queue again every job accepted before a restart and not answered, and log
+        what was resumed; returns how many."""
+        taken = self.queue.take_over()
+        for job in taken.jobs:
             self._dispatch(job)
-        if jobs:
-            logger.info("resumed %d accepted jobs from %s", len(jobs), self.queue.path)
-        return len(jobs)
+        counts = self.queue.counts()
+        if taken.jobs:
+            age = time.time() - taken.oldest_accepted_at
+            logger.info("startup: resumed %d unanswered jobs from %s (left by %s; oldest accepted %.0f s ago); "
+                        "%d answered before", len(taken.jobs), self.queue.path, ", ".join(taken.previous_owners),
+                        age, counts[JobState.DONE.value] + counts[JobState.FAILED.value])
+        else:
+            logger.info("startup: no unanswered jobs in %s; %d answered before", self.queue.path,
+                        counts[JobState.DONE.value] + counts[JobState.FAILED.value])
+        return len(taken.jobs)
 
-    def accept(self, jobs: list[EvalJob]) -> None:
-        """Persist ``jobs`` (all or none), then queue them. Raises ``PoolClosed`` while shutting down."""
+    def accept(self, jobs: list[EvalJob], idempotency_key: str | None = None, digest: str = "") -> list[str]:
+        """Persist ``jobs`` (all or none), then queue them; returns their ids, or those of the first
+        submission with ``idempotency_key`` (a retry: nothing new is queued).
+
+        Raises:
+            PoolClosed: the service is shutting down.
+            IdempotencyConflict: the key was first used for another request.
+        """
         if self._closing:
             raise PoolClosed("the service is shutting down")
-        self.queue.add(jobs)
+        earlier = self.queue.add(jobs, idempotency_key, digest)
+        if earlier is not None:
+            return earlier
         for job in jobs:
             self._dispatch(job)
+        return [job.job_id for job in jobs]
 
     def _dispatch(self, job: EvalJob) -> None:
         future = self.pool.submit(job)
@@ -105,7 +129,8 @@ class EvalService:
     def _store(self, job_id: str, future: Future[JobResult]) -> None:
         result = future.result()
         if not (self._closing and not result.ok):  # a job the closing pool did not run stays queued
-            self.queue.finish(result)
+            if not self.queue.finish(result, self._redact(result.to_json_dict())):
+                logger.warning("job %s was answered already or is owned by another instance: answer dropped", job_id)
         with self._lock:
             self._pending.pop(job_id, None)
 

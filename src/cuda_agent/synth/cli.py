@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import Progress
 
+from cuda_agent.cli_output import WrappingTable, step_progress
 from cuda_agent.cli_support import console, default_device, err_console, fail_usage
 
 synth_app = typer.Typer(no_args_is_help=True,
@@ -21,8 +21,7 @@ SEEDS_FILE = "seed_ops.json"
 
 def _progress_bars(disable: bool = False) -> tuple[Progress, Callable[[str, int, int], None]]:
     """A rich progress display and the ``progress(stage, done, total)`` callback that drives it."""
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TimeElapsedColumn(), console=err_console, disable=disable)
+    progress = step_progress(disable=disable)
     bars: dict[str, int] = {}
 
     def update(stage: str, done: int, total: int) -> None:
@@ -97,7 +96,7 @@ def seeds(
     if out.exists():
         out.unlink()
     catalogue = _load_or_mine(None, out, transformers)
-    table = Table(title=f"{len(catalogue.ops)} seed operators -> {out}")
+    table = WrappingTable(title=f"{len(catalogue.ops)} seed operators -> {out}")
     table.add_column("family")
     table.add_column("torch", justify="right")
     table.add_column("transformers", justify="right")
@@ -206,8 +205,9 @@ _FILTER_OPTIONS = dict(
                                           "16384 on cpu); on a GPU, workers x this must fit its memory."),
     restart_every=typer.Option(1, help="Tasks a filter worker checks before a fresh one starts (1: every task in a "
                                        "clean process; more saves a worker start and torch.compile's warm-up)."),
-    time_limit=typer.Option(None, help="Minutes after which no new work starts; what was decided is written and the "
-                                       "same command resumes."),
+    time_limit=typer.Option(None, "--time-limit-min", "--time-limit",
+                            help="In minutes: no new work starts after it; what was decided is written and the same "
+                                 "command resumes."),
 )
 
 

@@ -55,7 +55,7 @@ def _is_number(value: Any) -> bool:
 
 
 _STRING = ("string", lambda value: isinstance(value, str), "a string")
-# Column -> (arrow type name, check, what the check wants). DESIGN §2 columns first, then the
+# Column -> (arrow type name, check, what the check wants). The dataset card's core columns first, then the
 # remaining TaskRecord fields; a TaskRecord field missing here fails the tests, not a run.
 _COLUMNS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "id": _STRING,

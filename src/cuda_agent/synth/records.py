@@ -3,7 +3,7 @@
 ``SeedOp`` is one mined operator (a row of the seed catalogue); ``TaskRecord`` is one composed
 task (a row of the dataset). Both composers, the deterministic one and the LLM one, produce
 ``TaskRecord``; the filter fills in its timing fields; the writer stores it with the columns of
-DESIGN §2 (``ops``, ``data_source``, ``code``, ``eager_ms``, ``compile_ms``, ``device``,
+its core columns (``ops``, ``data_source``, ``code``, ``eager_ms``, ``compile_ms``, ``device``,
 ``seed_ops_version``, ``id``).
 """
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
+from rich.progress import Progress
 
+from cuda_agent.cli_output import WrappingTable, step_progress
 from cuda_agent.cli_support import console, err_console, fail_usage, read_yaml_config
 
 train_app = typer.Typer(no_args_is_help=True, help="Train the agent: warm-up PPO -> RFT -> value pre-training -> "
@@ -25,8 +25,8 @@ _OUT = typer.Option(..., "--out", help="The stage's output folder (rerun the sam
 _MODEL = typer.Option(None, "--model", help="Starting actor (a transformers folder); overrides model.path.")
 _TASKS = typer.Option(None, "--tasks", help="Task set (dataset, folder or problem file); overrides environment.tasks.")
 _DEVICE = typer.Option(None, "--device", help="Where candidates are evaluated: cuda or cpu (default: cuda if visible).")
-_TIME_LIMIT = typer.Option(None, "--time-limit", help="Minutes; stop with a checkpoint after the step that passes "
-                                                      "it (rerun to resume).")
+_TIME_LIMIT = typer.Option(None, "--time-limit-min", "--time-limit",
+                           help="In minutes: stop with a checkpoint after the step that passes it (rerun to resume).")
 _JSON = typer.Option(False, "--json", help="Print the result as JSON.")
 
 
@@ -93,10 +93,8 @@ def _run(run: Any, json_out: bool) -> list[Any]:
     from cuda_agent.train.stages.rft import NothingToTrain
 
     _quiet_libraries()
-    columns = (TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-               TimeElapsedColumn())
     try:
-        with Progress(*columns, console=err_console, disable=json_out) as progress:
+        with step_progress(disable=json_out) as progress:
             return run(_StageProgress(progress))
     except NothingToTrain as exc:
         err_console.print(f"[red]error:[/red] {exc}")
@@ -111,7 +109,7 @@ def _report(results: list[Any], json_out: bool) -> None:
                            "steps": r.steps, "stopped": r.stopped, "already_done": r.already_done,
                            "summary": r.summary} for r in results], default=str))
         return
-    table = Table(title="training")
+    table = WrappingTable(title="training")
     for column in ("stage", "status", "steps", "last reward / loss", "folder"):
         table.add_column(column)
     for r in results:
@@ -128,7 +126,7 @@ def _deadline(minutes: Optional[float]) -> Optional[float]:
     if minutes is None:
         return None
     if minutes <= 0:
-        fail_usage(f"--time-limit must be > 0 minutes, got {minutes}")
+        fail_usage(f"--time-limit-min must be > 0 (minutes), got {minutes}")
     return time.monotonic() + 60 * minutes
 
 

@@ -98,7 +98,8 @@ def run_rft(context: StageContext) -> StageResult:
         record.write(status="stopped", summary={"filter": report.to_dict()})
         raise NothingToTrain(f"rft: the filter kept {len(kept)} of {report.seen} trajectories, fewer than "
                              f"rft.min_kept={section.min_kept} (dropped: {report.to_dict()['dropped']}); add "
-                             "recorded trajectories (rft.trajectories), sample more, or relax rft.filter")
+                             "recorded trajectories (rft.trajectories), sample more, or relax rft.filter, then run again "
+                             f"with another --out folder ({context.out_dir} keeps the settings it was started with)")
     rows = [row.truncated(section.max_seq_tokens) for index, t in enumerate(kept)
             for row in trajectory_rows(t, index, models.tokenizer)]
     rows = [row for row in rows if row.policy_tokens > 0 and len(row.ids) > 1]
