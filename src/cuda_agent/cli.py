@@ -104,8 +104,9 @@ def tasks_list(
     path: Path = typer.Argument(..., help="A problem file, a directory of them (e.g. KernelBench/level1), or a .parquet/.jsonl dataset."),
     import_check: bool = typer.Option(True, "--import-check/--no-import-check",
                                       help="Also import each task in a worker process to catch import-time failures."),
+    failed_only: bool = typer.Option(False, "--failed", help="List only the entries that fail to load (large datasets)."),
 ) -> None:
-    """Show which tasks load and which do not, and why."""
+    """Show which tasks load and which do not, and why (dataset rows by their id and row)."""
     from cuda_agent.environment.probe import probe_tasks
 
     try:
@@ -125,6 +126,8 @@ def tasks_list(
     for result in results:
         error = result.error or (import_errors.get(result.task.origin) if result.task else None)
         ok += error is None
+        if failed_only and error is None:
+            continue
         table.add_row(result.task.id if result.task else Path(result.origin).name,
                       "[green]ok[/green]" if error is None else "[red]failed[/red]", error or "")
     console.print(table)
