@@ -14,7 +14,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from cuda_agent.agent.cli import agent_app, optimize, traj_app
-from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage
+from cuda_agent.cli_support import PRESET_HELP, build_eval_config, console, err_console, fail_usage
 from cuda_agent.environment import (
     POLICIES, SolutionError, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
 )
@@ -47,6 +47,7 @@ def _verdict_table(verdict: Verdict) -> Table:
     rows = [
         ("reward", str(verdict.reward)),
         ("compiled / correct", f"{verdict.compiled} / {verdict.correct}"),
+        ("preset", verdict.preset),
         ("precision policy", f"{verdict.precision_policy} (speed-ups vs TF32 {verdict.reward_baseline.replace('tf32_', '')})"),
         ("candidate", _fmt(verdict.candidate_ms, " ms")),
         ("eager", _fmt(verdict.eager_ms, " ms")),
@@ -79,12 +80,13 @@ def verify(
     compile_baseline: Optional[bool] = typer.Option(None, "--compile-baseline/--no-compile-baseline",
                                                     help="Time torch.compile too (needed for reward 3)."),
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
+    preset: Optional[str] = typer.Option(None, help=PRESET_HELP),
 ) -> None:
     """Build, verify and profile one candidate; print its verdict and reward.
 
     Exit status 0 whenever a verdict was reached (pass or fail), 2 on bad usage or unreadable input.
     """
-    eval_config = build_eval_config(device, config, precision, trials, compile_baseline)
+    eval_config = build_eval_config(device, config, precision, trials, compile_baseline, preset)
     try:
         task = load_task(problem)
         load_solution(solution)
@@ -167,9 +169,10 @@ def demo(
     compile_baseline: Optional[bool] = typer.Option(None, "--compile-baseline/--no-compile-baseline",
                                                     help="Time torch.compile too (needed for reward 3)."),
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
+    preset: Optional[str] = typer.Option(None, help=PRESET_HELP),
 ) -> None:
     """Evaluate every bundled sample task with its bundled reference solution, end to end."""
-    eval_config = build_eval_config(device, config, None, None, compile_baseline)
+    eval_config = build_eval_config(device, config, compile_baseline=compile_baseline, preset=preset)
     root = examples or examples_dir()
     runs = _sample_runs(root, eval_config.device)
     if not runs:
@@ -189,7 +192,8 @@ def demo(
     if json_out:
         print(json.dumps([v.to_json_dict() for _, v in verdicts], default=str, allow_nan=False))
         return
-    table = Table(title=f"sample tasks on {eval_config.device} (precision {eval_config.verify.precision})")
+    table = Table(title=f"sample tasks on {eval_config.device} (preset {eval_config.preset}, "
+                        f"precision {eval_config.verify.precision})")
     for column in ("task", "layout", "status", "reward", "candidate ms", "eager ms", "compile ms",
                    "vs eager", "vs compile", "build s"):
         table.add_column(column, justify="right" if column not in ("task", "layout", "status") else "left")
