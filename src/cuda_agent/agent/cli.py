@@ -36,7 +36,8 @@ class _Setup:
 
 def _setup(config: Optional[Path], device: Optional[str], policy: str, model: Optional[str],
            base_url: Optional[str], replay: Optional[Path], tool_protocol: str, max_turns: Optional[int],
-           runner_overrides: dict[str, Any] | None = None, preset: Optional[str] = None) -> _Setup:
+           runner_overrides: dict[str, Any] | None = None, preset: Optional[str] = None,
+           agent_overrides: dict[str, Any] | None = None) -> _Setup:
     """All configs from the YAML file (sections agent, policy, runner + the evaluation sections)
     and the command line; exits 2 naming what is invalid."""
     data = read_yaml_config(config) if config is not None else {}
@@ -48,7 +49,8 @@ def _setup(config: Optional[Path], device: Optional[str], policy: str, model: Op
     if policy not in POLICIES:
         fail_usage(f"unknown policy {policy!r}; valid: {', '.join(POLICIES.names())}")
     try:
-        agent = AgentConfig.from_dict(sections["agent"], f"{origin}: agent")
+        agent = AgentConfig.from_dict({**sections["agent"], **{k: v for k, v in (agent_overrides or {}).items()
+                                                              if v is not None}}, f"{origin}: agent")
         if max_turns is not None:
             agent = agent.replace(max_turns=max_turns)
         runner = RunnerConfig(**{**sections["runner"], **{k: v for k, v in (runner_overrides or {}).items()
@@ -79,6 +81,11 @@ AGENT_OPTIONS = {
                                       "(build, verify, timing, limits, guards, sandbox); see docs/agent.md."),
     "max_turns": typer.Option(None, help="Assistant turns per episode (default 150)."),
     "preset": typer.Option(None, help=PRESET_HELP),
+    "workdir_style": typer.Option(None, "--workdir-style", help="default (cuda-agent's workdir and tools) or paper "
+                                                              "(the paper's released workdir, tools and SKILL.md; "
+                                                              "needs --skill)."),
+    "skill": typer.Option(None, "--skill", help="SKILL.md to give the agent (required with --workdir-style paper: the "
+                                                "released agent_workdir/SKILL.md)."),
     "solution": typer.Option("final", help="Which solution of the episode is written and scored: final (the final "
                                            "workdir, as training rewards it) or best (the best profiled one)."),
 }
@@ -92,6 +99,7 @@ def optimize(
     tool_protocol: str = AGENT_OPTIONS["tool_protocol"], device: Optional[str] = AGENT_OPTIONS["device"],
     config: Optional[Path] = AGENT_OPTIONS["config"], max_turns: Optional[int] = AGENT_OPTIONS["max_turns"],
     preset: Optional[str] = AGENT_OPTIONS["preset"], solution: str = AGENT_OPTIONS["solution"],
+    workdir_style: Optional[str] = AGENT_OPTIONS["workdir_style"], skill: Optional[Path] = AGENT_OPTIONS["skill"],
 ) -> None:
     """Let the agent optimise one PyTorch module; write the scored solution (--solution) and its report."""
     from cuda_agent.agent.optimize import SOLUTION_RULES
@@ -99,7 +107,8 @@ def optimize(
 
     if solution not in SOLUTION_RULES:
         fail_usage(f"--solution {solution!r} is unknown; valid: {', '.join(SOLUTION_RULES.names())}")
-    setup = _setup(config, device, policy, model, base_url, replay, tool_protocol, max_turns, preset=preset)
+    setup = _setup(config, device, policy, model, base_url, replay, tool_protocol, max_turns, preset=preset,
+                   agent_overrides={"workdir_style": workdir_style, "skill_path": skill})
     try:
         task = load_task(model_file)
     except TaskLoadError as exc:
@@ -143,13 +152,14 @@ def agent_run(
     evaluation_slots: Optional[int] = typer.Option(None, help="Evaluations at once over all episodes (default 1)."),
     limit: Optional[int] = typer.Option(None, help="Only the first N tasks."),
     preset: Optional[str] = AGENT_OPTIONS["preset"],
+    workdir_style: Optional[str] = AGENT_OPTIONS["workdir_style"], skill: Optional[Path] = AGENT_OPTIONS["skill"],
 ) -> None:
     """Run episodes over a task set with a progress bar; rerunning with the same OUT resumes."""
     from cuda_agent.agent.runner import run_episodes
 
     setup = _setup(config, device, policy, model, base_url, replay, tool_protocol, max_turns,
                    {"samples_per_task": samples, "concurrency": concurrency, "evaluation_slots": evaluation_slots},
-                   preset=preset)
+                   preset=preset, agent_overrides={"workdir_style": workdir_style, "skill_path": skill})
     try:
         results = load_tasks(tasks)
     except TaskLoadError as exc:

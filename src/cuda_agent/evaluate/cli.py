@@ -36,13 +36,13 @@ def _pool_config(backend: str, address: Optional[str], token: Optional[str], wor
         fail_usage(str(exc))
 
 
-def _solutions_for(tasks: list[EvalTask], solutions: Optional[Path], policy: Optional[PolicySpec], turns: int,
-                   episodes: int, out: Path, config: EvalConfig, solution_rule: str) -> Path:
+def _solutions_for(tasks: list[EvalTask], solutions: Optional[Path], policy: Optional[PolicySpec],
+                   agent: dict[str, Any], episodes: int, out: Path, config: EvalConfig, solution_rule: str) -> Path:
     """The folder of solutions to evaluate: the given one, or the one the agent fills for a policy."""
     if solutions is not None:
         return solutions
-    if turns < 1 or episodes < 1:
-        fail_usage(f"--turns and --episodes must be >= 1, got {turns} and {episodes}")
+    if episodes < 1:
+        fail_usage(f"--episodes must be >= 1, got {episodes}")
     from cuda_agent.agent import AgentConfig, AgentConfigError
     from cuda_agent.agent.optimize import SOLUTION_RULES
     from cuda_agent.evaluate.policy import run_agent, tasks_without_solution
@@ -52,9 +52,10 @@ def _solutions_for(tasks: list[EvalTask], solutions: Optional[Path], policy: Opt
     folder = out / "solutions"
     todo = tasks_without_solution(tasks, folder)
     err_console.print(f"agent: {len(todo)} of {len(tasks)} tasks to solve with the {policy.name} policy "
-                      f"({turns} turns each, {episodes} episodes at once; scored solution: {solution_rule})")
+                      f"({agent['max_turns']} turns each, {episodes} episodes at once; scored solution: {solution_rule})")
     try:
-        failures = run_agent(todo, policy, AgentConfig(max_turns=turns), folder, config, episodes, solution_rule)
+        failures = run_agent(todo, policy, AgentConfig.from_dict(agent, "agent options"), folder, config, episodes,
+                             solution_rule)
     except (AgentConfigError, ValueError) as exc:  # a policy that cannot be made (bad model, endpoint, script)
         fail_usage(f"cannot run the {policy.name} policy: {exc}")
     for key, error in failures:
@@ -78,6 +79,7 @@ def eval_command(
     turns: int = typer.Option(DEFAULT_TURNS, help="Agent turns per task with --policy."),
     episodes: int = typer.Option(8, help="Agent episodes at once with --policy (they share one evaluation queue)."),
     solution: str = AGENT_OPTIONS["solution"],
+    workdir_style: Optional[str] = AGENT_OPTIONS["workdir_style"], skill: Optional[Path] = AGENT_OPTIONS["skill"],
     out: Optional[Path] = typer.Option(None, help="Run folder (results store, reports); rerunning continues it "
                                                   "[default: runs/eval-<solutions folder name>]."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object of metrics per level and overall."),
@@ -115,7 +117,9 @@ def eval_command(
         if policy not in AGENT_POLICIES:
             fail_usage(f"unknown policy {policy!r}; valid: {', '.join(AGENT_POLICIES.names())}")
         spec = PolicySpec(policy, model=model, base_url=base_url, replay=replay, tool_protocol=tool_protocol)
-    solutions_dir = _solutions_for(task_set, solutions, spec, turns, episodes, run_dir, eval_config, solution)
+    agent = {"max_turns": turns, **{k: v for k, v in {"workdir_style": workdir_style, "skill_path": skill}.items()
+                                    if v is not None}}
+    solutions_dir = _solutions_for(task_set, solutions, spec, agent, episodes, run_dir, eval_config, solution)
     try:
         match = match_solutions(task_set, solutions_dir)
     except TaskSetError as exc:
