@@ -37,7 +37,7 @@ def skill_file(tmp_path: Path) -> Path:
 @pytest.fixture()
 def paper_toolbox(tmp_path: Path):
     workdir = Workdir.create(tmp_path / "episode", load_task(WORKDIR_FIXTURE / "model.py"), "paper", SKILL)
-    shell = SandboxedShell(workdir.path, workdir.home, SandboxConfig(), LimitsConfig(), workdir.root)
+    shell = SandboxedShell(workdir.path, workdir.home, SandboxConfig(), LimitsConfig(), workdir.root, workdir.bin_dir)
     if shell.uid is not None:
         workdir.hand_to(shell.uid)
     tools = episode_tools(workdir, shell, ToolConfig(max_output_chars=2000, bash_timeout_s=5.0), "paper")
@@ -58,8 +58,12 @@ def test_paper_style_needs_a_skill_file_and_lays_out_the_released_files(paper_to
     async def scenario():
         refused = [await tools.call("write_file", json.dumps({"path": path, "content": "x"}))
                    for path in ("utils/verification.py", "binding_registry.h", "utils/new.py", "SKILL.md")]
-        return refused
-    assert all(not r.ok and "protected" in r.output for r in asyncio.run(scenario()))
+        shell_edit = await tools.call("bash", json.dumps({"command": "echo x >> utils/profiling.py; sudo id -u"}))
+        return refused, shell_edit
+    refused, shell_edit = asyncio.run(scenario())
+    assert all(not r.ok and "protected" in r.output for r in refused)
+    if os.geteuid() == 0:  # the sandboxed shell is another uid: the kernel refuses, and sudo does not escalate
+        assert "Permission denied" in shell_edit.output and "\n0\n" not in f"\n{shell_edit.output}\n"
     for name in ("model_new.py", "kernels/axpby.cpp", "kernels/axpby_binding.cpp"):
         (workdir.path / name).write_text((WORKDIR_FIXTURE / name).read_text())
     snapshot, skipped = workdir.snapshot(1)
@@ -127,7 +131,7 @@ def test_paper_style_episode_replays_through_utils_on_the_cpu_backend(make_confi
         turn("Compile in the background.", call("bash_start", command="bash utils/compile.sh")),
         turn("Wait for it.", call("bash", command="sleep 0.5")),
         turn("Compile now.", call("bash", command="bash utils/compile.sh", timeout_s=600)),
-        turn("Check.", call("bash", command="python3 -m utils.verification", timeout_s=600)),
+        turn("Check.", call("bash", command="sudo python3 -m utils.verification", timeout_s=600)),
         turn("Time.", call("bash", command="python3 -m utils.profiling", timeout_s=600)),
         turn("Done.", call("finish", summary="axpby kernel")),
     ]

@@ -48,7 +48,7 @@ async def run_episode(task: Task, policy: Policy, config: AgentConfig, evaluatio
     skill = config.skill_text()
     workdir = Workdir.create(root, task, config.workdir_style, skill)
     eval_config = evaluations.config
-    shell = SandboxedShell(workdir.path, workdir.home, eval_config.sandbox, eval_config.limits, root)
+    shell = SandboxedShell(workdir.path, workdir.home, eval_config.sandbox, eval_config.limits, root, workdir.bin_dir)
     try:
         if shell.uid is not None:
             workdir.hand_to(shell.uid)

@@ -60,8 +60,10 @@ class SandboxedShell:
     """Runs commands for one episode; :meth:`close` releases its sandbox lease."""
 
     def __init__(self, workdir: Path, home: Path, sandbox_config: SandboxConfig, limits: LimitsConfig,
-                 episode_root: Path) -> None:
+                 episode_root: Path, path_prefix: Path | None = None) -> None:
         self.workdir, self.home, self.limits = workdir, home, limits
+        self.path_prefix = path_prefix
+        """A folder searched before ``$PATH`` (the paper workdir style's ``sudo`` shim)."""
         self.lease = sandbox.acquire(sandbox_config, "cpu", episode_root)
         self._preexec = self.lease.preexec(limits, limit_address_space=False, workdir=home) \
             if self.lease.uid is not None else _own_session
@@ -79,7 +81,8 @@ class SandboxedShell:
     async def spawn(self, command: str, own_session: bool = False) -> asyncio.subprocess.Process:
         """Start ``command`` with ``bash -c`` in the workdir, sandboxed, stdout and stderr on one pipe;
         in a new session (its id is the pid) when ``own_session`` or when the sandbox is off."""
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home), "TMPDIR": "/tmp",
+        path = os.environ.get("PATH", "/usr/bin:/bin")
+        env = {"PATH": f"{self.path_prefix}:{path}" if self.path_prefix else path, "HOME": str(self.home), "TMPDIR": "/tmp",
                "LANG": "C.UTF-8", "TERM": "dumb", "PYTHONDONTWRITEBYTECODE": "1"}
         return await asyncio.create_subprocess_exec(
             "bash", "--noprofile", "--norc", "-c", f"cd {_quote(self.workdir)} || exit 1\n{command}",

@@ -107,6 +107,12 @@ class Workdir:
         return self.root / "workdir"
 
     @property
+    def bin_dir(self) -> Path | None:
+        """Commands put before ``$PATH`` in the shell: the paper style's ``sudo`` (the released
+        SKILL.md runs the utils with ``sudo``; in the sandbox it runs them as the sandbox uid)."""
+        return self.root / "bin" if self.style == "paper" else None
+
+    @property
     def socket_path(self) -> Path:
         return self.root / "eval.sock"
 
@@ -132,6 +138,8 @@ class Workdir:
         _write_protected(workdir.path / SKILL_FILE, skill if skill is not None else skill_text(), 0o444)
         if style == "paper":
             _lay_out_paper_files(workdir.path)
+            workdir.bin_dir.mkdir(mode=0o755)
+            _write_protected(workdir.bin_dir / "sudo", '#!/bin/bash\nexec "$@"\n', 0o555)
         else:
             for op in PROTECTED_COMMANDS:
                 _write_protected(workdir.path / op, _CLIENT.format(python=sys.executable, op=op, up=".."), 0o555)
