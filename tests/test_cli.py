@@ -209,6 +209,21 @@ def test_tasks_list_without_import_check_misses_import_failures(cli, cli_env, tm
     assert "1 of 1 loaded" in one_line(result.stdout)
 
 
+def test_tasks_list_failed_names_the_dataset_rows_that_fail_and_why(cli, cli_env, tmp_path: Path) -> None:
+    good = SMALL_RELU_TASK.read_text()
+    rows = [{"data_source": "torch#1", "code": good}, {"data_source": "torch#1", "code": "import nope_4711\n" + good},
+            {"data_source": "torch#1", "code": "class Model: pass\n"}]
+    path = tmp_path / "ops.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    result = run_cli(cli, cli_env, "tasks", "list", path, "--failed")
+    assert result.returncode == 0, result.stderr
+    flat = one_line(result.stdout)
+    assert "row1" in flat and "No module named 'nope_4711'" in flat
+    assert "ops.jsonl#2" in flat and "missing top-level get_inputs" in flat
+    assert "row0" not in flat
+    assert "1 of 3 loaded" in flat
+
+
 def test_tasks_list_exits_2_for_a_nonexistent_path(cli, cli_env, tmp_path: Path) -> None:
     result = run_cli(cli, cli_env, "tasks", "list", tmp_path / "missing")
     assert result.returncode == 2

@@ -16,7 +16,9 @@ from rich.table import Table
 
 from cuda_agent.agent.cli import agent_app, optimize, traj_app
 from cuda_agent.cli_output import WrappingTable, step_progress
-from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage, require_local_device
+from cuda_agent.cli_support import (
+    PRESET_HELP, build_eval_config, console, err_console, fail_usage, require_local_device,
+)
 from cuda_agent.environment import (
     POLICIES, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
 )
@@ -63,6 +65,7 @@ def _verdict_table(verdict: Verdict) -> Table:
     rows = [
         ("reward", str(verdict.reward)),
         ("compiled / correct", f"{verdict.compiled} / {verdict.correct}"),
+        ("preset", verdict.preset),
         ("precision policy", f"{verdict.precision_policy} (speed-ups vs TF32 {verdict.reward_baseline.replace('tf32_', '')})"),
         ("candidate", _fmt(verdict.candidate_ms, " ms")),
         ("eager", _fmt(verdict.eager_ms, " ms")),
@@ -95,13 +98,14 @@ def verify(
     compile_baseline: Optional[bool] = typer.Option(None, "--compile-baseline/--no-compile-baseline",
                                                     help="Time torch.compile too (needed for reward 3)."),
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
+    preset: Optional[str] = typer.Option(None, help=PRESET_HELP),
 ) -> None:
     """Build, verify and profile one candidate; print its verdict and reward.
 
     Exit status 0 whenever a verdict was reached (pass or fail: a solution that does not parse is a
     verdict, reward -1), 2 on bad usage or an unreadable problem.
     """
-    eval_config = build_eval_config(device, config, precision, trials, compile_baseline)
+    eval_config = build_eval_config(device, config, precision, trials, compile_baseline, preset)
     require_local_device(eval_config)
     try:
         task = load_task(problem)
@@ -124,8 +128,10 @@ def tasks_list(
     import_check: bool = typer.Option(True, "--import-check/--no-import-check",
                                       help="Also import each task in a worker process to catch import-time failures."),
     json_out: bool = typer.Option(False, "--json", help="Print a JSON list of {id, origin, error} instead of a table."),
+    failed_only: bool = typer.Option(False, "--failed", help="List only the entries that fail to load (large datasets)."),
 ) -> None:
-    """Show which tasks load and which do not, and why; failures that repeat are summarised by cause."""
+    """Show which tasks load and which do not, and why (dataset rows by their id and row); failures
+    that repeat are summarised by cause."""
     from cuda_agent.environment.probe import probe_tasks
 
     try:
@@ -139,13 +145,14 @@ def tasks_list(
             import_errors = probe_tasks(loaded)
     rows = [(result.task.id if result.task else Path(result.origin).name, result.origin,
              result.error or (import_errors.get(result.task.origin) if result.task else None)) for result in results]
+    shown = [row for row in rows if row[2] is not None or not failed_only]
     if json_out:
-        print(json.dumps([{"id": name, "origin": origin, "error": error} for name, origin, error in rows]))
+        print(json.dumps([{"id": name, "origin": origin, "error": error} for name, origin, error in shown]))
         return
     table = WrappingTable(title=f"{path}: {len(results)} entries")
     for column in ("id", "status", "detail"):
         table.add_column(column)
-    for name, _, error in rows:
+    for name, _, error in shown:
         table.add_row(name, "[green]ok[/green]" if error is None else "[red]failed[/red]", escape(error or ""))
     console.print(table)
     causes = Counter(_failure_cause(error, origin) for _, origin, error in rows if error is not None)
@@ -199,9 +206,10 @@ def demo(
     compile_baseline: Optional[bool] = typer.Option(None, "--compile-baseline/--no-compile-baseline",
                                                     help="Time torch.compile too (needed for reward 3)."),
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
+    preset: Optional[str] = typer.Option(None, help=PRESET_HELP),
 ) -> None:
     """Evaluate every bundled sample task with its bundled reference solution, end to end."""
-    eval_config = build_eval_config(device, config, None, None, compile_baseline)
+    eval_config = build_eval_config(device, config, compile_baseline=compile_baseline, preset=preset)
     require_local_device(eval_config)
     root = examples or examples_dir()
     runs = _sample_runs(root, eval_config.device)
@@ -221,7 +229,8 @@ def demo(
     if json_out:
         print(json.dumps([v.to_json_dict() for _, v in verdicts], default=str, allow_nan=False))
         return
-    table = WrappingTable(title=f"sample tasks on {eval_config.device} (precision {eval_config.verify.precision})")
+    table = WrappingTable(title=f"sample tasks on {eval_config.device} (preset {eval_config.preset}, "
+                                f"precision {eval_config.verify.precision})")
     for column in ("task", "layout", "status", "reward", "candidate ms", "eager ms", "compile ms",
                    "vs eager", "vs compile", "build s"):
         table.add_column(column, justify="right" if column not in ("task", "layout", "status") else "left")

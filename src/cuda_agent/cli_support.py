@@ -77,13 +77,23 @@ def read_yaml_config(path: Path) -> dict[str, Any]:
     return data
 
 
+PRESET_HELP = ("Evaluation preset: strict (default: our verdict) or paper (the CUDA Agent paper's harness: "
+               "atol=rtol=1e-2 on 5 inputs, profiler device time, PyTorch-default TF32 baselines, "
+               "(t0-t)/t0 > 5% milestones). Config-file sections and options apply on top.")
+
+
 def eval_config_from(data: dict[str, Any], device: Optional[str], precision: Optional[str] = None,
-                     trials: Optional[int] = None, compile_baseline: Optional[bool] = None) -> EvalConfig:
-    """The evaluation config from parsed YAML sections and command-line overrides (exit 2 if invalid)."""
+                     trials: Optional[int] = None, compile_baseline: Optional[bool] = None,
+                     preset: Optional[str] = None) -> EvalConfig:
+    """The evaluation config from parsed YAML sections and command-line overrides (exit 2 if invalid):
+    the preset's settings first (``--preset``, else the file's ``preset`` key), then the file's
+    sections, then the options."""
     data = dict(data)
     data.setdefault("device", device or default_device())
     if device:
         data["device"] = device
+    if preset is not None:
+        data["preset"] = preset
     verify = dict(data.get("verify") or {})
     if precision is not None:
         verify["precision"] = precision
@@ -98,9 +108,10 @@ def eval_config_from(data: dict[str, Any], device: Optional[str], precision: Opt
         fail_usage(f"invalid configuration: {exc}")
 
 
-def build_eval_config(device: Optional[str], config_file: Optional[Path], precision: Optional[str],
-                      trials: Optional[int], compile_baseline: Optional[bool]) -> EvalConfig:
-    """The ``EvalConfig`` of a command: the YAML file's sections, then the command-line options on
-    top; exits 2 (naming the field) on an invalid value."""
+def build_eval_config(device: Optional[str], config_file: Optional[Path], precision: Optional[str] = None,
+                      trials: Optional[int] = None, compile_baseline: Optional[bool] = None,
+                      preset: Optional[str] = None) -> EvalConfig:
+    """The ``EvalConfig`` of a command: the preset, the YAML file's sections, then the command-line
+    options on top; exits 2 (naming the field) on an invalid value."""
     data = read_yaml_config(config_file) if config_file is not None else {}
-    return eval_config_from(data, device, precision, trials, compile_baseline)
+    return eval_config_from(data, device, precision, trials, compile_baseline, preset)

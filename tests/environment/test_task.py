@@ -211,9 +211,41 @@ def test_load_tasks_reads_jsonl_rows_with_ids(tmp_path: Path) -> None:
         {"code": task_code("sigmoid")},
     ])
     results = load_tasks(path)
-    assert [r.task.id for r in results] == ["relu", "kb/tanh", "row2"]
+    assert [r.task.id for r in results] == ["relu", "row1", "row2"]
     assert [r.origin for r in results] == [f"{path}#0", f"{path}#1", f"{path}#2"]
     assert "torch.tanh" in results[1].task.code
+
+
+def test_load_tasks_gives_ops6k_rows_unique_stable_ids_by_row_index(tmp_path: Path) -> None:
+    """CUDA-Agent-Ops-6K has ``ops``, ``data_source`` and ``code`` and no id; many rows share a
+    ``data_source`` (``torch#2``), so ids come from the row index and do not change between loads."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    path = tmp_path / "ops6k.parquet"
+    pq.write_table(pa.table({"ops": [["relu"], ["tanh"], ["relu", "tanh"]],
+                             "data_source": ["torch#1", "torch#1", "torch#2"],
+                             "code": [task_code(), task_code("tanh"), task_code("sigmoid")]}), path)
+    first, second = load_tasks(path), load_tasks(path)
+    assert [r.task.id for r in first] == ["row0", "row1", "row2"]
+    assert [r.task.id for r in second] == [r.task.id for r in first]
+
+
+def test_load_tasks_reports_repeated_and_invalid_ids_per_row(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "tasks.jsonl", [
+        {"id": "a", "code": task_code()},
+        {"id": "a", "code": task_code("tanh")},
+        {"id": ["x"], "code": task_code("sigmoid")},
+        {"id": "row4", "code": task_code()},
+        {"code": task_code("tanh")},
+        {"id": "b", "prompt": "no code here"},
+    ])
+    results = load_tasks(path)
+    assert results[0].task.id == "a"
+    assert f"{path}#1: id 'a' repeats row 0" in results[1].error
+    assert "'id' must be a string or an integer" in results[2].error
+    assert results[3].task.id == "row4"
+    assert "id 'row4' repeats row 3" in results[4].error
+    assert "no 'code'" in results[5].error and "'prompt'" in results[5].error
 
 
 def test_load_tasks_keeps_integer_ids_including_zero(tmp_path: Path) -> None:

@@ -80,6 +80,7 @@ def test_killed_run_continues_without_reevaluating_finished_tasks_then_reports(
     assert overall["pass_rate"] == 0.5
     assert overall["geomean_speedup_vs_eager"] > 0 and overall["faster_rate_vs_compile"] is None
     assert sorted(data) == ["overall", "run"] and data["run"]["device"] == "cpu"
+    assert data["run"]["preset"] == "strict" and "milestone speedup" in data["run"]["protocol"]
     assert {key: status for key, (status, _) in after.items()} == {
         "a": "correct", "b": "correct", "d": "missing", "e": "guard_violation"}
 
@@ -97,6 +98,7 @@ def test_killed_run_continues_without_reevaluating_finished_tasks_then_reports(
     assert compared.returncode == 0, compared.stderr
     assert "| overall (run) | 4 |" in (tmp_path / "cmp" / "summary.md").read_text()
     assert "| overall (run-compared) | 4 |" in (tmp_path / "cmp" / "summary.md").read_text()
+    assert (tmp_path / "cmp" / "summary.md").read_text().count("Verdicts: preset strict: precision faithful") == 2
 
 
 def test_continuing_a_run_with_other_settings_is_refused(small_suite, tmp_path: Path) -> None:

@@ -17,9 +17,10 @@ CODE = SMALL_RELU_TASK.read_text()
 
 @pytest.fixture()
 def kernelbench(tmp_path: Path) -> Path:
-    """A KernelBench-shaped checkout: ``<root>/KernelBench/level{1,2}/<N>_<name>.py``."""
+    """A KernelBench-shaped checkout: ``<root>/KernelBench/level{1,2,4}/<N>_<name>.py``."""
     root = tmp_path / "checkout"
-    for level, names in {1: ["1_Square_matmul.py", "19_ReLU.py", "2_Other.py"], 2: ["1_Conv_ReLU.py"]}.items():
+    for level, names in {1: ["1_Square_matmul.py", "19_ReLU.py", "2_Other.py"], 2: ["1_Conv_ReLU.py"],
+                         4: ["1_hf_model.py"]}.items():
         folder = root / "KernelBench" / f"level{level}"
         folder.mkdir(parents=True)
         for name in names:
@@ -28,16 +29,19 @@ def kernelbench(tmp_path: Path) -> Path:
 
 
 def test_kernelbench_checkout_keys_tasks_by_level_and_problem_number(kernelbench: Path) -> None:
+    """Without --level a checkout gives levels 1-3 (the paper's protocol); level 4 only when named."""
     tasks = load_task_set(kernelbench)
     assert [(t.key, t.level, t.number) for t in tasks] == [
         ("level1_problem1", 1, 1), ("level1_problem2", 1, 2), ("level1_problem19", 1, 19), ("level2_problem1", 2, 1)]
     assert [t.key for t in load_task_set(kernelbench, (2,))] == ["level2_problem1"]
     assert [t.key for t in load_task_set(kernelbench / "KernelBench")] == [t.key for t in tasks]
     assert [t.key for t in load_task_set(kernelbench / "KernelBench" / "level2")] == ["level2_problem1"]
+    assert [t.key for t in load_task_set(kernelbench, (1, 4))][-1] == "level4_problem1"
+    assert [t.key for t in load_task_set(kernelbench / "KernelBench" / "level4")] == ["level4_problem1"]
 
 
 def test_level_errors_name_what_is_available(kernelbench: Path, tmp_path: Path) -> None:
-    with pytest.raises(TaskSetError, match="no level 3; available: 1, 2"):
+    with pytest.raises(TaskSetError, match="no level 3; available: 1, 2, 4"):
         load_task_set(kernelbench, (3,))
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "relu.py").write_text(CODE)
@@ -47,13 +51,14 @@ def test_level_errors_name_what_is_available(kernelbench: Path, tmp_path: Path) 
         load_task_set(tmp_path / "absent")
 
 
-def test_dataset_tasks_are_unleveled_and_ids_must_be_unique(tmp_path: Path) -> None:
+def test_dataset_tasks_are_unleveled_and_a_repeated_id_is_a_task_that_does_not_load(tmp_path: Path) -> None:
     dataset = tmp_path / "tasks.jsonl"
     dataset.write_text("\n".join(json.dumps({"id": name, "code": CODE}) for name in ("a", "b")) + "\n")
     assert [(t.key, t.level) for t in load_task_set(dataset)] == [("a", None), ("b", None)]
     dataset.write_text("\n".join(json.dumps({"id": "a", "code": CODE}) for _ in range(2)) + "\n")
-    with pytest.raises(TaskSetError, match="repeated: a"):
-        load_task_set(dataset)
+    first, second = load_task_set(dataset)
+    assert first.key == "a" and second.key == "tasks.jsonl#1"
+    assert second.task is None and "id 'a' repeats row 0" in second.error
 
 
 def test_unloadable_task_stays_in_the_set_with_its_error(tmp_path: Path) -> None:

@@ -83,7 +83,7 @@ def test_verdict_round_trips_through_its_json_form() -> None:
         "compiled": True, "correct": True, "reward": 2, "eager_ms": 2.0, "compile_ms": None, "candidate_ms": 1.0,
         "speedup_vs_eager": 2.0, "speedup_vs_compile": None, "violations": [{"code": "x", "message": "y"}],
         "error": None, "precision_policy": "faithful", "status": "correct", "device": "cpu", "task": "relu",
-        "speedups": {"eager_tf32_off": 2.0},
+        "preset": "paper", "speedups": {"eager_tf32_off": 2.0},
         "baselines": {"eager_tf32_off": {"median_ms": 2.0, "mean_ms": 2.1, "std_ms": 0.1, "n": 10,
                                          "rel_std_err": 0.01, "budget_exhausted": False, "calls_per_sample": 1}},
         "candidate_timing": None, "reward_baseline": "tf32_off",

@@ -95,3 +95,8 @@ class Tool(ABC):
         Raises:
             ToolError: with a message the model can act on.
         """
+
+
+def object_schema(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
+    """The JSON schema of a tool's arguments: an object of ``properties``, no others allowed."""
+    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}

@@ -15,7 +15,7 @@ from cuda_agent.agent.policies import POLICIES, PolicySpec, make_policy
 from cuda_agent.agent.runner import RunnerConfig
 from cuda_agent.agent.trajectory import Trajectory, TrajectoryError, read_trajectories, summarize
 from cuda_agent.cli_output import WrappingTable, step_progress
-from cuda_agent.cli_support import console, err_console, eval_config_from, fail_usage, read_yaml_config
+from cuda_agent.cli_support import PRESET_HELP, console, err_console, eval_config_from, fail_usage, read_yaml_config
 from cuda_agent.environment import EvalConfig, TaskLoadError, load_task, load_tasks
 
 agent_app = typer.Typer(no_args_is_help=True, help="Run the agent over task sets.")
@@ -35,7 +35,8 @@ class _Setup:
 
 def _setup(config: Optional[Path], device: Optional[str], policy: str, model: Optional[str],
            base_url: Optional[str], replay: Optional[Path], tool_protocol: str, max_turns: Optional[int],
-           runner_overrides: dict[str, Any] | None = None) -> _Setup:
+           runner_overrides: dict[str, Any] | None = None, preset: Optional[str] = None,
+           agent_overrides: dict[str, Any] | None = None) -> _Setup:
     """All configs from the YAML file (sections agent, policy, runner + the evaluation sections)
     and the command line; exits 2 naming what is invalid."""
     data = read_yaml_config(config) if config is not None else {}
@@ -47,7 +48,8 @@ def _setup(config: Optional[Path], device: Optional[str], policy: str, model: Op
     if policy not in POLICIES:
         fail_usage(f"unknown policy {policy!r}; valid: {', '.join(POLICIES.names())}")
     try:
-        agent = AgentConfig.from_dict(sections["agent"], f"{origin}: agent")
+        agent = AgentConfig.from_dict({**sections["agent"], **{k: v for k, v in (agent_overrides or {}).items()
+                                                              if v is not None}}, f"{origin}: agent")
         if max_turns is not None:
             agent = agent.replace(max_turns=max_turns)
         runner = RunnerConfig(**{**sections["runner"], **{k: v for k, v in (runner_overrides or {}).items()
@@ -56,7 +58,7 @@ def _setup(config: Optional[Path], device: Optional[str], policy: str, model: Op
         fail_usage(f"invalid configuration: {exc}")
     spec = PolicySpec(policy, model=model, base_url=base_url, replay=replay, tool_protocol=tool_protocol,
                       settings=sections["policy"])
-    return _Setup(agent, eval_config_from(data, device), runner, spec)
+    return _Setup(agent, eval_config_from(data, device, preset=preset), runner, spec)
 
 
 def _make_policy(spec: PolicySpec):
@@ -77,6 +79,14 @@ AGENT_OPTIONS = {
     "config": typer.Option(None, help="YAML with sections agent, policy, runner and the evaluation sections "
                                       "(build, verify, timing, limits, guards, sandbox); see docs/agent.md."),
     "max_turns": typer.Option(None, help="Assistant turns per episode (default 150)."),
+    "preset": typer.Option(None, help=PRESET_HELP),
+    "workdir_style": typer.Option(None, "--workdir-style", help="default (cuda-agent's workdir and tools) or paper "
+                                                              "(the paper's released workdir, tools and SKILL.md; "
+                                                              "needs --skill)."),
+    "skill": typer.Option(None, "--skill", help="SKILL.md to give the agent (required with --workdir-style paper: the "
+                                                "released agent_workdir/SKILL.md)."),
+    "solution": typer.Option("final", help="Which solution of the episode is written and scored: final (the final "
+                                           "workdir, as training rewards it) or best (the best profiled one)."),
 }
 
 
@@ -87,11 +97,17 @@ def optimize(
     base_url: Optional[str] = AGENT_OPTIONS["base_url"], replay: Optional[Path] = AGENT_OPTIONS["replay"],
     tool_protocol: str = AGENT_OPTIONS["tool_protocol"], device: Optional[str] = AGENT_OPTIONS["device"],
     config: Optional[Path] = AGENT_OPTIONS["config"], max_turns: Optional[int] = AGENT_OPTIONS["max_turns"],
+    preset: Optional[str] = AGENT_OPTIONS["preset"], solution: str = AGENT_OPTIONS["solution"],
+    workdir_style: Optional[str] = AGENT_OPTIONS["workdir_style"], skill: Optional[Path] = AGENT_OPTIONS["skill"],
 ) -> None:
-    """Let the agent optimise one PyTorch module; write the best verified solution and its report."""
+    """Let the agent optimise one PyTorch module; write the scored solution (--solution) and its report."""
+    from cuda_agent.agent.optimize import SOLUTION_RULES
     from cuda_agent.agent.optimize import optimize as run_optimize
 
-    setup = _setup(config, device, policy, model, base_url, replay, tool_protocol, max_turns)
+    if solution not in SOLUTION_RULES:
+        fail_usage(f"--solution {solution!r} is unknown; valid: {', '.join(SOLUTION_RULES.names())}")
+    setup = _setup(config, device, policy, model, base_url, replay, tool_protocol, max_turns, preset=preset,
+                   agent_overrides={"workdir_style": workdir_style, "skill_path": skill})
     try:
         task = load_task(model_file)
     except TaskLoadError as exc:
@@ -100,7 +116,7 @@ def optimize(
 
     async def run():
         try:
-            return await run_optimize(task, agent_policy, setup.agent, setup.eval, out)
+            return await run_optimize(task, agent_policy, setup.agent, setup.eval, out, solution_rule=solution)
         finally:
             await agent_policy.aclose()
 
@@ -113,11 +129,12 @@ def optimize(
                         ("speed-up vs eager", _num(report["speedup_vs_eager"], "x")),
                         ("speed-up vs compile", _num(report["speedup_vs_compile"], "x")),
                         ("turns", f"{report['turns']} (ended: {report['end_reason']})"),
-                        ("solution from", report["solution_from"]), ("written to", str(out))):
+                        ("solution from", f"{report['solution_from']} (rule {solution})"),
+                        ("preset", report.get("preset", "strict")), ("written to", str(out))):
         table.add_row(name, value)
     console.print(table)
     if not report["correct"]:
-        err_console.print(f"[yellow]no correct solution;[/yellow] {out}/model_new.py is the final workdir's: "
+        err_console.print(f"[yellow]no correct solution;[/yellow] {out}/model_new.py is the {solution} rule's: "
                           f"{(report.get('error') or '').splitlines()[:1]}")
 
 
@@ -133,12 +150,15 @@ def agent_run(
     concurrency: Optional[int] = typer.Option(None, help="Episodes at once (default 8)."),
     evaluation_slots: Optional[int] = typer.Option(None, help="Evaluations at once over all episodes (default 1)."),
     limit: Optional[int] = typer.Option(None, help="Only the first N tasks."),
+    preset: Optional[str] = AGENT_OPTIONS["preset"],
+    workdir_style: Optional[str] = AGENT_OPTIONS["workdir_style"], skill: Optional[Path] = AGENT_OPTIONS["skill"],
 ) -> None:
     """Run episodes over a task set with a progress bar; rerunning with the same OUT resumes."""
     from cuda_agent.agent.runner import run_episodes
 
     setup = _setup(config, device, policy, model, base_url, replay, tool_protocol, max_turns,
-                   {"samples_per_task": samples, "concurrency": concurrency, "evaluation_slots": evaluation_slots})
+                   {"samples_per_task": samples, "concurrency": concurrency, "evaluation_slots": evaluation_slots},
+                   preset=preset, agent_overrides={"workdir_style": workdir_style, "skill_path": skill})
     try:
         results = load_tasks(tasks)
     except TaskLoadError as exc:

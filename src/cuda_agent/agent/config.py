@@ -79,6 +79,15 @@ class AgentConfig:
     """Where episode directories are created (default: the system temp dir)."""
     keep_workdir: bool = False
     """Keep each episode's directory after it ends (for inspection), instead of removing it."""
+    workdir_style: str = "default"
+    """``default``: cuda-agent's workdir (``./build``, ``./verify``, ``./profile``, our SKILL.md and
+    tool set). ``paper``: the CUDA Agent paper's released workdir (``binding.cpp``,
+    ``binding_registry.h``, ``utils/compile.sh``, ``utils/verification.py``, ``utils/profiling.py``,
+    the SKILL.md at ``skill_path``) and its tool set (adds multi_edit and background shells). Both
+    are judged by the same trusted evaluator (docs/agent.md)."""
+    skill_path: Path | None = None
+    """SKILL.md to give the agent instead of the packaged one; required for ``workdir_style: paper``
+    (the released SKILL.md: cuda-agent ships none of its text)."""
 
     def __post_init__(self) -> None:
         _require(self.max_turns >= 1, f"agent.max_turns must be >= 1, got {self.max_turns}")
@@ -87,6 +96,18 @@ class AgentConfig:
         _require(self.max_idle_replies >= 1, f"agent.max_idle_replies must be >= 1, got {self.max_idle_replies}")
         if self.work_root is not None:
             object.__setattr__(self, "work_root", Path(self.work_root))
+        _require(self.workdir_style in ("default", "paper"),
+                 f"agent.workdir_style must be 'default' or 'paper', got {self.workdir_style!r}")
+        if self.skill_path is not None:
+            object.__setattr__(self, "skill_path", Path(self.skill_path))
+            _require(self.skill_path.is_file(), f"agent.skill_path: {self.skill_path} is not a file")
+        _require(self.workdir_style != "paper" or self.skill_path is not None,
+                 "agent.workdir_style 'paper' needs agent.skill_path: the released SKILL.md (e.g. "
+                 "agent_workdir/SKILL.md of BytedTsinghua-SIA/CUDA-Agent); cuda-agent does not ship its text")
+
+    def skill_text(self) -> str | None:
+        """The SKILL.md text from ``skill_path`` (None: the packaged one)."""
+        return None if self.skill_path is None else self.skill_path.read_text(encoding="utf-8")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], origin: str = "agent") -> AgentConfig:

@@ -45,19 +45,23 @@ async def run_episode(task: Task, policy: Policy, config: AgentConfig, evaluatio
     """
     episode_id = episode_id or f"{task.id}-{uuid.uuid4().hex[:8]}"
     root = Path(tempfile.mkdtemp(prefix="cuda-agent-episode-", dir=config.work_root))
-    workdir = Workdir.create(root, task)
+    skill = config.skill_text()
+    workdir = Workdir.create(root, task, config.workdir_style, skill)
     eval_config = evaluations.config
-    shell = SandboxedShell(workdir.path, workdir.home, eval_config.sandbox, eval_config.limits, root)
+    shell = SandboxedShell(workdir.path, workdir.home, eval_config.sandbox, eval_config.limits, root, workdir.bin_dir)
     try:
         if shell.uid is not None:
             workdir.hand_to(shell.uid)
         evaluator = EpisodeEvaluator(task, workdir, evaluations, shell.uid)
         await evaluator.start()
         try:
-            messages = initial_messages(task, eval_config.device)
-            episode = Episode(task, policy, config, episode_id, episode_tools(workdir, shell, config.tools), evaluator,
-                              messages)
-            await episode.run()
+            messages = initial_messages(task, eval_config.device, config.workdir_style, skill)
+            tools = episode_tools(workdir, shell, config.tools, config.workdir_style)
+            episode = Episode(task, policy, config, episode_id, tools, evaluator, messages)
+            try:
+                await episode.run()
+            finally:
+                await tools.aclose()
             final = await evaluator.evaluate("final")
         finally:
             await evaluator.close()
@@ -70,9 +74,11 @@ async def run_episode(task: Task, policy: Policy, config: AgentConfig, evaluatio
             workdir.remove()
 
 
-def initial_messages(task: Task, device: str) -> list[dict[str, Any]]:
-    """The system prompt and the task message every kernel episode starts with."""
-    return [{"role": "system", "content": system_prompt()}, {"role": "user", "content": task_prompt(task, device)}]
+def initial_messages(task: Task, device: str, style: str = "default", skill: str | None = None) -> list[dict[str, Any]]:
+    """The system prompt and the task message every kernel episode of workdir ``style`` starts with
+    (``skill``: the SKILL.md text, None for the packaged one)."""
+    return [{"role": "system", "content": system_prompt(style, skill)},
+            {"role": "user", "content": task_prompt(task, device, style)}]
 
 
 class EvaluationLog(Protocol):

@@ -1,4 +1,5 @@
-"""The coding tools: bash, read_file, write_file, edit_file, glob, grep, finish.
+"""The coding tools: bash, read_file, write_file, edit_file, multi_edit, glob, grep, finish (and the
+background shells of :mod:`cuda_agent.agent.background`).
 
 File tools run in the trusted process and check every path with :meth:`Workdir.resolve` (inside
 the workdir, symlinks followed, protected files read-only). Files they create are handed to the
@@ -15,20 +16,18 @@ import re
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.agent.background import BackgroundShells, BackgroundTool, BashKillTool, BashOutputTool, BashStartTool
 from cuda_agent.agent.base import Tool, ToolError, ToolResult
+from cuda_agent.agent.base import object_schema as _object
 from cuda_agent.agent.config import ToolConfig
 from cuda_agent.agent.shell import SandboxedShell, truncate_middle
 from cuda_agent.agent.workdir import Workdir, WorkdirPathError
 
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict}
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict, "array": list}
 
 
 def _string(description: str) -> dict[str, str]:
     return {"type": "string", "description": description}
-
-
-def _object(required: list[str], **properties: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
 class _FileTool(Tool):
@@ -141,22 +140,61 @@ class EditFileTool(_FileTool):
                          replace_all={"type": "boolean", "description": "Replace every occurrence (default false)."})
 
     async def run(self, arguments: dict[str, Any]) -> ToolResult:
-        display, old, new = arguments["path"], arguments["old_string"], arguments["new_string"]
+        display = arguments["path"]
         path = self._resolve(display, for_write=True)
-        text = self._read_text(path, display)
-        if not old:
-            raise ToolError("old_string is empty; to write a whole file use write_file")
-        count = text.count(old)
-        if count == 0:
-            raise ToolError(f"{display}: old_string not found; read_file the current text and copy it exactly "
-                            "(whitespace and indentation included)")
-        if count > 1 and not arguments.get("replace_all"):
-            lines = [text.count("\n", 0, m.start()) + 1 for m in re.finditer(re.escape(old), text)]
-            raise ToolError(f"{display}: old_string occurs {count} times (lines {', '.join(map(str, lines[:10]))}); "
-                            "include more surrounding text to make it unique, or set replace_all")
-        self._write_text(path, display, text.replace(old, new))
-        return ToolResult(f"replaced {count if arguments.get('replace_all') else 1} occurrence(s) in "
-                          f"{self._relative(path)}")
+        text, count = replace_exact(self._read_text(path, display), display, arguments)
+        self._write_text(path, display, text)
+        return ToolResult(f"replaced {count} occurrence(s) in {self._relative(path)}")
+
+
+def replace_exact(text: str, display: str, edit: dict[str, Any]) -> tuple[str, int]:
+    """``text`` with ``edit["old_string"]`` replaced by ``edit["new_string"]`` (once, or every
+    occurrence with ``replace_all``), and how many were replaced.
+
+    Raises:
+        ToolError: old_string is empty, missing, or not unique without ``replace_all``.
+    """
+    old, new = edit["old_string"], edit["new_string"]
+    if not old:
+        raise ToolError("old_string is empty; to write a whole file use write_file")
+    count = text.count(old)
+    if count == 0:
+        raise ToolError(f"{display}: old_string not found; read_file the current text and copy it exactly "
+                        "(whitespace and indentation included)")
+    if count > 1 and not edit.get("replace_all"):
+        lines = [text.count("\n", 0, m.start()) + 1 for m in re.finditer(re.escape(old), text)]
+        raise ToolError(f"{display}: old_string occurs {count} times (lines {', '.join(map(str, lines[:10]))}); "
+                        "include more surrounding text to make it unique, or set replace_all")
+    return text.replace(old, new), count if edit.get("replace_all") else 1
+
+
+class MultiEditTool(_FileTool):
+    name = "multi_edit"
+    description = ("Apply several exact-string replacements to one workdir file, in order, each on the result of "
+                   "the previous one; all or nothing (if one fails, the file is unchanged).")
+    parameters = _object(["path", "edits"], path=_string("Path relative to the workdir."),
+                         edits={"type": "array", "description": "The replacements, applied in order.",
+                                "items": _object(["old_string", "new_string"],
+                                                 old_string=_string("The exact text to replace."),
+                                                 new_string=_string("The replacement text."),
+                                                 replace_all={"type": "boolean",
+                                                              "description": "Replace every occurrence."})})
+
+    async def run(self, arguments: dict[str, Any]) -> ToolResult:
+        display, edits = arguments["path"], arguments["edits"]
+        if not edits:
+            raise ToolError("edits is empty; give at least one {old_string, new_string}")
+        path = self._resolve(display, for_write=True)
+        text, total = self._read_text(path, display), 0
+        for number, edit in enumerate(edits, start=1):
+            try:
+                check_arguments(self.parameters["properties"]["edits"]["items"], edit, f"edit {number}")
+                text, count = replace_exact(text, display, edit)
+            except ToolError as exc:
+                raise ToolError(f"edit {number} of {len(edits)}: {exc} (no edit was applied)") from None
+            total += count
+        self._write_text(path, display, text)
+        return ToolResult(f"applied {len(edits)} edit(s), {total} replacement(s), to {self._relative(path)}")
 
 
 class GlobTool(_FileTool):
@@ -226,8 +264,14 @@ class FinishTool(Tool):
 class ToolBox:
     """The tools of one episode, by name; checks arguments against each schema before a call."""
 
-    def __init__(self, tools: list[Tool]) -> None:
+    def __init__(self, tools: list[Tool], background: BackgroundShells | None = None) -> None:
         self.tools = {tool.name: tool for tool in tools}
+        self.background = background
+
+    async def aclose(self) -> None:
+        """Kill what the tools left running (background shells) at the end of the episode."""
+        if self.background is not None:
+            await self.background.close()
 
     def schemas(self) -> list[dict[str, Any]]:
         return [tool.schema() for tool in self.tools.values()]
@@ -302,16 +346,29 @@ def check_arguments(schema: dict[str, Any], arguments: Any, name: str) -> None:
 
 EPISODE_TOOLS: tuple[type[Tool], ...] = (BashTool, ReadFileTool, WriteFileTool, EditFileTool, GlobTool, GrepTool,
                                          FinishTool)
-"""The standard tool set, in the order the policy sees it."""
+"""The standard tool set (workdir style ``default``), in the order the policy sees it."""
+PAPER_TOOLS: tuple[type[Tool], ...] = (BashTool, BashStartTool, BashOutputTool, BashKillTool, ReadFileTool,
+                                       WriteFileTool, EditFileTool, MultiEditTool, GlobTool, GrepTool, FinishTool)
+"""The paper's tool set (workdir style ``paper``): Bash, background shells, Read, Write, Edit,
+MultiEdit, Glob, Grep, plus finish to end the episode."""
+TOOL_SETS = {"default": EPISODE_TOOLS, "paper": PAPER_TOOLS}
 
 
-def episode_tool_schemas() -> list[dict[str, Any]]:
-    """The schemas an episode offers (the first prompt of every episode lists them)."""
-    return [tool.schema() for tool in EPISODE_TOOLS]
+def episode_tool_schemas(style: str = "default") -> list[dict[str, Any]]:
+    """The schemas an episode of workdir style ``style`` offers (its first prompt lists them)."""
+    return [tool.schema() for tool in TOOL_SETS[style]]
 
 
-def episode_tools(workdir: Workdir, shell: SandboxedShell, config: ToolConfig) -> ToolBox:
-    """The standard tool set of an episode."""
-    files = (workdir, config, shell.uid)
-    return ToolBox([BashTool(shell, config), ReadFileTool(*files), WriteFileTool(*files), EditFileTool(*files),
-                    GlobTool(*files), GrepTool(*files), FinishTool()])
+def episode_tools(workdir: Workdir, shell: SandboxedShell, config: ToolConfig, style: str = "default") -> ToolBox:
+    """The tool set of an episode of workdir style ``style``."""
+    background = BackgroundShells(shell, config)
+
+    def make(tool: type[Tool]) -> Tool:
+        if issubclass(tool, _FileTool):
+            return tool(workdir, config, shell.uid)
+        if issubclass(tool, BackgroundTool):
+            return tool(background)
+        return BashTool(shell, config) if tool is BashTool else tool()
+
+    tools = [make(tool) for tool in TOOL_SETS[style]]
+    return ToolBox(tools, background if any(isinstance(t, BackgroundTool) for t in tools) else None)

@@ -8,6 +8,13 @@ Layout of one episode root (root-owned when running as root)::
     <root>/home/             mount point of the shell's private $HOME (a fresh tmpfs per command)
     <root>/snapshots/<n>/    trusted copies of the solution files, one per evaluation
 
+With ``style="paper"`` the workdir is the CUDA Agent paper's released layout instead: ``SKILL.md``
+is the text the user supplies (cuda-agent ships none of it), ``binding.cpp`` and
+``binding_registry.h`` are the harness's registry (:mod:`cuda_agent.environment.binding_registry`),
+and ``utils/compile.sh`` (with ``utils/compile.py``), ``utils/verification.py`` and
+``utils/profiling.py`` are the protected commands, each asking the evaluator to build, verify or
+profile, as ``./build``, ``./verify`` and ``./profile`` do in the default layout.
+
 The agent changes files through the tools (checked here: inside the workdir, no symlinks leading
 out, never a protected file) and through the sandboxed shell (where file ownership enforces the
 same). Evaluations never read the workdir in place: :meth:`Workdir.snapshot` copies regular files
@@ -24,13 +31,22 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from cuda_agent.environment.solution import KERNEL_SUFFIXES, KERNELS_DIR, WORKDIR_MODEL_FILE
+from cuda_agent.environment.binding_registry import MODULE_SOURCE as REGISTRY_MODULE_SOURCE
+from cuda_agent.environment.binding_registry import REGISTRY_HEADER
+from cuda_agent.environment.solution import (EXTENSION_NAME, KERNEL_SUFFIXES, KERNELS_DIR, REGISTRY_FILES,
+                                             WORKDIR_MODEL_FILE)
 from cuda_agent.environment.task import Task
 
 REFERENCE_FILE = "model.py"
 SKILL_FILE = "SKILL.md"
 PROTECTED_COMMANDS = ("build", "verify", "profile")
 PROTECTED_FILES = frozenset({REFERENCE_FILE, SKILL_FILE, *PROTECTED_COMMANDS})
+PAPER_COMMANDS = {"utils/compile.py": "build", "utils/verification.py": "verify", "utils/profiling.py": "profile"}
+"""The paper layout's protected scripts and the evaluation each asks for (``utils/compile.sh`` runs
+``utils/compile.py``)."""
+PAPER_PROTECTED_FILES = frozenset({REFERENCE_FILE, SKILL_FILE, *REGISTRY_FILES, *PAPER_COMMANDS, "utils/compile.sh",
+                                   "utils/__init__.py", "utils"})
+WORKDIR_STYLES = ("default", "paper")
 MAX_SOLUTION_FILE_BYTES = 1 << 20
 """Files above this are left out of a snapshot (the guards would reject them anyway)."""
 
@@ -56,7 +72,7 @@ _CLIENT = '''#!{python} -IS
 model_new.py and kernels/ taken now) and prints its verdict. Exit status 0: passed, 1: failed."""
 import json, os, socket, sys
 
-os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.chdir(os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), {up!r})))
 channel = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 try:
     channel.connect("eval.sock")
@@ -78,10 +94,23 @@ class Workdir:
     """The directories of one episode (see the module docstring)."""
 
     root: Path
+    style: str = "default"
+    """``default`` (cuda-agent's layout) or ``paper`` (the released workdir's; see the module docstring)."""
+
+    @property
+    def protected(self) -> frozenset[str]:
+        """Workdir-relative paths the agent may read but not write."""
+        return PAPER_PROTECTED_FILES if self.style == "paper" else PROTECTED_FILES
 
     @property
     def path(self) -> Path:
         return self.root / "workdir"
+
+    @property
+    def bin_dir(self) -> Path | None:
+        """Commands put before ``$PATH`` in the shell: the paper style's ``sudo`` (the released
+        SKILL.md runs the utils with ``sudo``; in the sandbox it runs them as the sandbox uid)."""
+        return self.root / "bin" if self.style == "paper" else None
 
     @property
     def socket_path(self) -> Path:
@@ -92,17 +121,28 @@ class Workdir:
         return self.root / "home"
 
     @classmethod
-    def create(cls, root: Path, task: Task) -> Workdir:
-        """Lay out a fresh episode root at ``root`` (absent or empty) for ``task``."""
-        workdir = cls(root)
+    def create(cls, root: Path, task: Task, style: str = "default", skill: str | None = None) -> Workdir:
+        """Lay out a fresh episode root at ``root`` (absent or empty) for ``task`` in ``style``;
+        ``skill`` is the SKILL.md text (default: the packaged one; required for ``paper``)."""
+        if style not in WORKDIR_STYLES:
+            raise ValueError(f"unknown workdir style {style!r}; valid: {', '.join(WORKDIR_STYLES)}")
+        if style == "paper" and skill is None:
+            raise ValueError("the paper workdir style needs the released SKILL.md text (agent.skill_path); "
+                             "cuda-agent does not ship it")
+        workdir = cls(root, style)
         root.mkdir(parents=True, exist_ok=True)
         root.chmod(0o755)  # the sandbox uid must reach the workdir and the socket
         for directory in (workdir.path, workdir.home, root / "snapshots", workdir.path / KERNELS_DIR):
             directory.mkdir(mode=0o755)
         _write_protected(workdir.path / REFERENCE_FILE, task.code, 0o444)
-        _write_protected(workdir.path / SKILL_FILE, skill_text(), 0o444)
-        for op in PROTECTED_COMMANDS:
-            _write_protected(workdir.path / op, _CLIENT.format(python=sys.executable, op=op), 0o555)
+        _write_protected(workdir.path / SKILL_FILE, skill if skill is not None else skill_text(), 0o444)
+        if style == "paper":
+            _lay_out_paper_files(workdir.path)
+            workdir.bin_dir.mkdir(mode=0o755)
+            _write_protected(workdir.bin_dir / "sudo", '#!/bin/bash\nexec "$@"\n', 0o555)
+        else:
+            for op in PROTECTED_COMMANDS:
+                _write_protected(workdir.path / op, _CLIENT.format(python=sys.executable, op=op, up=".."), 0o555)
         (workdir.path / WORKDIR_MODEL_FILE).write_text(STARTER_MODEL_NEW)
         return workdir
 
@@ -131,8 +171,8 @@ class Workdir:
             raise WorkdirPathError(f"{relative}: outside the workdir (symlinks are followed); only files under "
                                    f"{self.path} can be used")
         inside = os.path.relpath(candidate, base)
-        if for_write and inside in PROTECTED_FILES:
-            raise WorkdirPathError(f"{relative}: protected ({', '.join(sorted(PROTECTED_FILES))} are read-only); "
+        if for_write and (inside in self.protected or inside.split(os.sep)[0] in self.protected):
+            raise WorkdirPathError(f"{relative}: protected ({', '.join(sorted(self.protected))} are read-only); "
                                    f"write your solution in {WORKDIR_MODEL_FILE} and {KERNELS_DIR}/")
         return Path(candidate)
 
@@ -146,6 +186,9 @@ class Workdir:
         target.mkdir(mode=0o755)
         skipped: list[str] = []
         _copy_regular(self.path / WORKDIR_MODEL_FILE, target / WORKDIR_MODEL_FILE, skipped)
+        if self.style == "paper":  # the harness's own copies: they mark the registry binding style
+            for name in REGISTRY_FILES:
+                _copy_regular(self.path / name, target / name, skipped)
         kernels = self.path / KERNELS_DIR
         for directory, subdirs, files in os.walk(kernels):  # os.walk does not follow symlinked dirs
             subdirs[:] = sorted(d for d in subdirs if not os.path.islink(os.path.join(directory, d)))
@@ -162,6 +205,18 @@ class Workdir:
 def skill_text() -> str:
     """The SKILL.md shipped with the package (the workflow, rules and commands)."""
     return resources.files("cuda_agent.agent").joinpath(SKILL_FILE).read_text()
+
+
+def _lay_out_paper_files(path: Path) -> None:
+    """The released layout's fixed files: the harness's binding registry and the protected utils/."""
+    _write_protected(path / "binding_registry.h", REGISTRY_HEADER, 0o444)
+    _write_protected(path / "binding.cpp", REGISTRY_MODULE_SOURCE.format(name=EXTENSION_NAME), 0o444)
+    utils = path / "utils"
+    utils.mkdir(mode=0o755)
+    _write_protected(utils / "__init__.py", "", 0o444)
+    for relative, op in PAPER_COMMANDS.items():
+        _write_protected(path / relative, _CLIENT.format(python=sys.executable, op=op, up="../.."), 0o555)
+    _write_protected(utils / "compile.sh", f'#!/bin/bash\nexec {sys.executable} -IS "$(dirname "$0")/compile.py"\n', 0o555)
 
 
 def _write_protected(path: Path, text: str, mode: int) -> None:

@@ -154,6 +154,7 @@ def _run_compile_child(place: BuildPlace, device: Device, config: BuildConfig, b
         "model_file": str(solution.model_file),
         "kernel_files": [str(p) for p in solution.kernel_files],
         "binding_names": list(solution.binding_names),
+        "binding_style": solution.binding_style,
         "device": device,
         "extensions_dir": str(place.extensions_dir),
         "extra_cflags": list(config.extra_cflags),

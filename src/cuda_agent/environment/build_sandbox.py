@@ -126,7 +126,7 @@ def _in_private_folder(solution: Solution, private: Path, lease: sandbox.Lease) 
         return copy_root if path == solution.root else copy_root / path.relative_to(solution.root)
 
     moved_solution = Solution(solution.layout, copy_root, moved(solution.model_file),
-                              tuple(moved(k) for k in solution.kernel_files))
+                              tuple(moved(k) for k in solution.kernel_files), solution.binding_style)
     out, work = private / "out", private / "work"
     out.mkdir(mode=0o755)
     work.mkdir(mode=0o700)

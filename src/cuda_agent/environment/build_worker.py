@@ -20,6 +20,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.environment.binding_registry import MODULE_SOURCE as REGISTRY_MODULE_SOURCE
+from cuda_agent.environment.binding_registry import REGISTRY_HEADER
 from cuda_agent.environment.compiler import COMPILE_STATS, ExtensionCompiler, Unit, torch_toolchain
 from cuda_agent.environment.loading import import_file
 from cuda_agent.environment.prebuilt import LeanBuilders
@@ -127,25 +129,19 @@ def build_workdir(spec: dict[str, Any], result: dict[str, Any]) -> list[Extensio
     if has_cuda and spec["device"] == "cpu":
         result["compile_error"] = "kernels/ contains .cu files but the device is 'cpu'; the CPU backend builds C++ only"
         return []
-    names = spec["binding_names"]
-    module_cpp = sources_dir / "_cuda_agent_module.cpp"
-    module_cpp.write_text(_MODULE_TEMPLATE.format(
-        name=EXTENSION_NAME,
-        declarations="\n".join(f"void register_{n}(pybind11::module_& m);" for n in names),
-        calls="\n".join(f"    register_{n}(m);" for n in names),
-    ))
+    module_cpp = _write_module_unit(spec, sources_dir)
     result["compile_calls"] = 1
     units = [Unit(s, tuple(spec["extra_cuda_cflags"] if s.suffix == ".cu" else spec["extra_cflags"])) for s in sources]
     compilers = [_compiler(spec, has_cuda)] if spec["lean"] else []
     try:
         if compilers:
             compilers[0].build(EXTENSION_NAME, [*units, Unit(module_cpp, _MODULE_FLAGS)], extensions_dir,
-                               include_dirs=(sources_dir / "kernels",))
+                               include_dirs=(sources_dir / "kernels", sources_dir))
         else:
-            _torch_load(spec, [*sources, module_cpp], sources_dir / "kernels", has_cuda)
+            _torch_load(spec, [*sources, module_cpp], (sources_dir / "kernels", sources_dir), has_cuda)
     except Exception as exc:  # BuildFailed, or torch's RuntimeError: both carry the compiler output
         message = str(exc)
-        if "undefined symbol" in message or "undefined reference" in message:
+        if spec.get("binding_style") != "registry" and ("undefined symbol" in message or "undefined reference" in message):
             message += (
                 "\nhint: every kernels/<name>_binding.cpp must define "
                 "`void register_<name>(pybind11::module_& m)`"
@@ -154,13 +150,31 @@ def build_workdir(spec: dict[str, Any], result: dict[str, Any]) -> list[Extensio
     return compilers
 
 
-def _torch_load(spec: dict[str, Any], sources: list[Path], kernels_dir: Path, has_cuda: bool) -> None:
+def _write_module_unit(spec: dict[str, Any], sources_dir: Path) -> Path:
+    """The trusted unit that defines the ``cuda_extension`` module: calls of every
+    ``register_<name>`` (``register`` style), or the registry's (``registry`` style, whose header
+    is written over the workdir's copy, see :mod:`binding_registry`)."""
+    module_cpp = sources_dir / "_cuda_agent_module.cpp"
+    if spec.get("binding_style") == "registry":
+        (sources_dir / "binding_registry.h").write_text(REGISTRY_HEADER)
+        module_cpp.write_text(REGISTRY_MODULE_SOURCE.format(name=EXTENSION_NAME))
+        return module_cpp
+    names = spec["binding_names"]
+    module_cpp.write_text(_MODULE_TEMPLATE.format(
+        name=EXTENSION_NAME,
+        declarations="\n".join(f"void register_{n}(pybind11::module_& m);" for n in names),
+        calls="\n".join(f"    register_{n}(m);" for n in names),
+    ))
+    return module_cpp
+
+
+def _torch_load(spec: dict[str, Any], sources: list[Path], include_dirs: tuple[Path, ...], has_cuda: bool) -> None:
     """torch's JIT builder (``build.lean`` off): ninja, ``torch/extension.h`` in every unit."""
     from torch.utils.cpp_extension import load
 
     load(name=EXTENSION_NAME, sources=[str(s) for s in sources], build_directory=spec["extensions_dir"],
          extra_cflags=spec["extra_cflags"], extra_cuda_cflags=spec["extra_cuda_cflags"],
-         extra_include_paths=[str(kernels_dir)], with_cuda=has_cuda, verbose=False)
+         extra_include_paths=[str(d) for d in include_dirs], with_cuda=has_cuda, verbose=False)
 
 
 def main(argv: list[str]) -> int:

@@ -161,6 +161,29 @@ def tf32_enabled(enabled: bool) -> Iterator[None]:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
+PYTORCH_DEFAULT_TF32 = (False, True)
+"""PyTorch's defaults for ``torch.backends.cuda.matmul.allow_tf32`` and
+``torch.backends.cudnn.allow_tf32``: TF32 off for matmuls, on for cuDNN convolutions."""
+
+
+@contextlib.contextmanager
+def tf32_setting(setting: str) -> Iterator[None]:
+    """A baseline variant's TF32 setting: ``off``, ``on`` (both backends), or ``default``
+    (PyTorch's defaults, :data:`PYTORCH_DEFAULT_TF32`), restoring the flags afterwards."""
+    if setting in ("off", "on"):
+        with tf32_enabled(setting == "on"):
+            yield
+        return
+    if setting != "default":
+        raise ValueError(f"unknown TF32 setting {setting!r}; valid: off, on, default")
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = PYTORCH_DEFAULT_TF32
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def _is_nan(value: Any) -> bool:
     return isinstance(value, float) and math.isnan(value)
 

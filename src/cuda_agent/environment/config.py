@@ -149,6 +149,15 @@ class TimingConfig:
     batch_mem_mb: int = 2048
     """Most memory a batch may hold: every call's prepared inputs and its outputs until the batch
     ends."""
+    method: Literal["events", "profiler"] = "events"
+    """How a sample is measured on CUDA: ``events`` (CUDA events around the calls and a device-wide
+    synchronize: wall time on the device, launch gaps and idle included) or ``profiler`` (the sum
+    of the calls' kernel and memory-operation durations recorded by ``torch.profiler``: busy time
+    only, the CUDA Agent paper's method). The CPU backend always uses the host clock."""
+    baseline_tf32: Literal["policy", "pytorch_default"] = "policy"
+    """Which TF32 setting the reward's baselines run with on CUDA: ``policy`` (the precision
+    policy's choice: TF32 off, on, or the faster of the two) or ``pytorch_default`` (PyTorch's
+    defaults, TF32 off for matmuls and on for cuDNN convolutions, as in the paper's harness)."""
 
     def __post_init__(self) -> None:
         _require(self.warmup_calls >= 1, f"timing.warmup_calls must be >= 1, got {self.warmup_calls}")
@@ -167,6 +176,25 @@ class TimingConfig:
         _require(self.batch_min_ms >= 0, f"timing.batch_min_ms must be >= 0, got {self.batch_min_ms}")
         _require(self.batch_max_calls >= 1, f"timing.batch_max_calls must be >= 1, got {self.batch_max_calls}")
         _require(self.batch_mem_mb >= 1, f"timing.batch_mem_mb must be >= 1, got {self.batch_mem_mb}")
+        _require(self.method in ("events", "profiler"), f"timing.method must be 'events' or 'profiler', got {self.method!r}")
+        _require(self.baseline_tf32 in ("policy", "pytorch_default"),
+                 f"timing.baseline_tf32 must be 'policy' or 'pytorch_default', got {self.baseline_tf32!r}")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """The milestone rule of the reward (see ``cuda_agent.environment.reward``)."""
+
+    milestone: str = "speedup"
+    """When a candidate counts as faster than a baseline: ``speedup`` (baseline time / candidate
+    time > 1.05) or ``time_saved`` ((t0 - t) / t0 > 5 %, the paper's rule, i.e. a speed-up above
+    1/0.95 = 1.0526)."""
+
+    def __post_init__(self) -> None:
+        from cuda_agent.environment.reward import MILESTONES
+
+        _require(self.milestone in MILESTONES,
+                 f"reward.milestone {self.milestone!r} is unknown; valid: {', '.join(MILESTONES.names())}")
 
 
 @dataclass(frozen=True)
@@ -241,6 +269,11 @@ class EvalConfig:
     """Static guards run on the sources before anything is built (docs/guards.md)."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """Unprivileged user, network namespace and read-only files for the candidate (docs/security.md)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    preset: str = "strict"
+    """The preset these settings started from (``cuda_agent.environment.presets``), named in every
+    verdict. In a mapping given to :meth:`from_dict`, its values are applied first and the
+    mapping's own sections on top."""
     cache_dir: Path = field(default_factory=default_cache_dir)
     """Build cache and baseline database live here."""
     scratch_dir: Path | None = None
@@ -249,12 +282,20 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _require(self.device in ("cpu", "cuda"), f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        from cuda_agent.environment.presets import PRESETS
+
+        _require(self.preset in PRESETS, f"preset {self.preset!r} is unknown; valid: {', '.join(PRESETS.names())}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "EvalConfig":
-        """Build from a nested mapping (e.g. parsed YAML); unknown keys are an error."""
+        """Build from a nested mapping (e.g. parsed YAML); unknown keys are an error. A ``preset``
+        key applies that preset's settings first (the mapping's sections override them)."""
+        from cuda_agent.environment.presets import with_preset
+
         sections = {"build": BuildConfig, "verify": VerifyConfig, "timing": TimingConfig, "limits": LimitsConfig,
-                    "guards": GuardConfig, "sandbox": SandboxConfig}
+                    "guards": GuardConfig, "sandbox": SandboxConfig, "reward": RewardConfig}
+        if "preset" in data:
+            data = with_preset(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(data) - known
         _require(not unknown, f"unknown config keys {sorted(unknown)}; valid: {sorted(known)}")

@@ -25,6 +25,7 @@ from cuda_agent.environment.build import BuiltSolution, CompileError, build_solu
 from cuda_agent.environment.config import EvalConfig, TimingConfig
 from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.environment.precision import POLICIES
+from cuda_agent.environment.presets import reward_baseline_setting, timing_method_key
 from cuda_agent.environment.reward import milestone_reward
 from cuda_agent.environment.solution import Layout, Solution, SolutionError, load_solution
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
@@ -77,7 +78,7 @@ class _Evaluation:
             compiled=False, correct=False, reward=-1, eager_ms=None, compile_ms=None, candidate_ms=None,
             speedup_vs_eager=None, speedup_vs_compile=None, violations=[], error=None,
             precision_policy=self.policy.name, status=Status.SOLUTION_ERROR, device=config.device,
-            task=task.id, reward_baseline=self.policy.baseline,
+            task=task.id, preset=config.preset, reward_baseline=reward_baseline_setting(config, self.policy),
         )
         self.prestarted = prestarted
         self.slot: WorkerSlot | None = None
@@ -100,7 +101,8 @@ class _Evaluation:
             self.verdict.phase_seconds["total"] = time.monotonic() - started
         self.verdict.correct = self.verdict.status is Status.CORRECT
         self.verdict.reward = 0 if self.verdict.status is Status.INFRA_ERROR else milestone_reward(
-            self.verdict.correct, self.verdict.speedup_vs_eager, self.verdict.speedup_vs_compile)
+            self.verdict.correct, self.verdict.speedup_vs_eager, self.verdict.speedup_vs_compile,
+            self.config.reward.milestone)
         return self.verdict
 
     def _run_phases(self) -> None:
@@ -255,11 +257,13 @@ class _Evaluation:
             variants.append("compile_tf32_off")
         if self.config.device == "cuda":
             variants += [v.replace("_off", "_on") for v in variants]
+            if self.config.timing.baseline_tf32 == "pytorch_default":
+                variants += [v.replace("_off", "_default") for v in variants if v.endswith("_off")]
         env = self.verdict.environment
         device_key = env.get("gpu") or f"cpu:{env.get('cpu')}:{env.get('threads')}"
         timing = self._timing
         software = (f"torch={env.get('torch')};cuda={env.get('cuda')};compile={timing.compile_mode};"
-                    f"batch_min_ms={timing.batch_min_ms:g}")
+                    f"batch_min_ms={timing.batch_min_ms:g}" + timing_method_key(timing))
         cache = BaselineCache(self.config.cache_dir / "baselines.sqlite")
         stats = cache.get(self.task.code_hash, device_key, software, variants)
         missing = [v for v in variants if v not in stats]
@@ -410,6 +414,8 @@ class _Evaluation:
         off, on = baselines.get(f"{kind}_tf32_off"), baselines.get(f"{kind}_tf32_on")
         if on is None:  # CPU: TF32 does not exist, both settings are the same computation
             return off.median_ms if off else None
+        if self.verdict.reward_baseline == "tf32_default":
+            return baselines[f"{kind}_tf32_default"].median_ms
         if self.policy.baseline == "tf32_on":
             return on.median_ms
         if self.policy.baseline == "fastest":

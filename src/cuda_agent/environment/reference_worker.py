@@ -22,7 +22,7 @@ from cuda_agent.environment import tensor_io
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.degeneracy_probe import degeneracy_flags
 from cuda_agent.environment.loading import clone_tree, import_file, seed_all, tensors_in, to_device
-from cuda_agent.environment.comparison import References, tf32_enabled
+from cuda_agent.environment.comparison import References, tf32_enabled, tf32_setting
 from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.task import REQUIRED_NAMES
 from cuda_agent.environment.timing import FreshInputs, make_timer, measure, perturbed, tree_bytes
@@ -206,7 +206,7 @@ class ReferenceWorker:
         for variant in msg["variants"]:
             kind, setting = variant.rsplit("_tf32_", 1)
             model = self.model if kind == "eager" else self._compiled(config)
-            with torch.no_grad(), tf32_enabled(setting == "on"):
+            with torch.no_grad(), tf32_setting(setting):
                 # The same per-call fresh inputs the candidate is timed with, for a like-for-like cost.
                 fresh = FreshInputs(inputs, config.input_noise, seed=msg["seed"])
                 stats[variant] = measure(model, timer, config, prepare=fresh.for_call).__dict__

@@ -3,8 +3,15 @@
 1. Single file defining ``class ModelNew`` (KernelBench style), usually compiling its kernels with
    ``torch.utils.cpp_extension.load_inline`` when imported.
 2. The CUDA Agent workdir: ``model_new.py`` importing ``cuda_extension``, which the protected build
-   script compiles from ``kernels/*.cu`` / ``kernels/*.cpp``; every ``kernels/<name>_binding.cpp``
-   defines ``void register_<name>(pybind11::module_& m)``.
+   compiles from ``kernels/*.cu`` / ``kernels/*.cpp``, in one of two binding styles:
+
+   - ``register`` (ours): every ``kernels/<name>_binding.cpp`` defines
+     ``void register_<name>(pybind11::module_& m)``;
+   - ``registry`` (the paper's released workdir, recognised by ``binding_registry.h`` or
+     ``binding.cpp`` in the workdir): binding files include ``../binding_registry.h`` and register
+     with ``REGISTER_BINDING(name, function)``. The build compiles the harness's own
+     ``binding.cpp`` and ``binding_registry.h`` in place of the workdir's copies, which are
+     infrastructure the candidate may not change.
 """
 
 from __future__ import annotations
@@ -20,6 +27,8 @@ WORKDIR_MODEL_FILE = "model_new.py"
 KERNELS_DIR = "kernels"
 EXTENSION_NAME = "cuda_extension"
 KERNEL_SUFFIXES = (".cu", ".cpp", ".cc", ".cuh", ".h", ".hpp")
+REGISTRY_FILES = ("binding.cpp", "binding_registry.h")
+"""The released workdir's fixed binding infrastructure; either one marks the ``registry`` style."""
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -40,6 +49,7 @@ class Solution:
     root: Path  # the file itself, or the workdir
     model_file: Path  # the file that defines ModelNew
     kernel_files: tuple[Path, ...] = ()
+    binding_style: str = "register"  # "register" or "registry" (see the module docstring)
 
     @property
     def binding_names(self) -> tuple[str, ...]:
@@ -48,7 +58,7 @@ class Solution:
 
     def content_hash(self) -> str:
         """Hash of everything the build compiles (the model file too for the single-file layout)."""
-        digest = hashlib.sha256(self.layout.value.encode())
+        digest = hashlib.sha256(f"{self.layout.value}:{self.binding_style}".encode())
         files = (self.model_file,) if self.layout is Layout.SINGLE_FILE else self.kernel_files
         for path in files:
             digest.update(str(path.relative_to(self.root.parent if path == self.root else self.root)).encode())
@@ -90,6 +100,11 @@ def load_solution(path: str | Path) -> Solution:
     kernels_dir = path / KERNELS_DIR
     kernel_files = tuple(sorted(p for p in kernels_dir.rglob("*") if p.suffix in KERNEL_SUFFIXES and p.is_file())) \
         if kernels_dir.is_dir() else ()
+    if any((path / name).is_file() for name in REGISTRY_FILES):
+        if not any(p.suffix in (".cu", ".cpp", ".cc") for p in kernel_files):
+            raise SolutionError(f"{path}: a workdir with {' / '.join(REGISTRY_FILES)} needs its kernels in "
+                                f"{KERNELS_DIR}/ (*.cu, *_binding.cpp registering with REGISTER_BINDING)")
+        return Solution(Layout.WORKDIR, path, model_file, kernel_files, binding_style="registry")
     solution = Solution(Layout.WORKDIR, path, model_file, kernel_files)
     if not solution.binding_names:
         # No extension to build: model_new.py must then be self-contained (e.g. load_inline).

@@ -135,16 +135,28 @@ def _result(origin: str, load) -> TaskLoadResult:
 
 
 def _load_dataset(path: Path) -> list[TaskLoadResult]:
+    """One result per row. A row's id is its ``id`` column when the table has one, else
+    ``row<index>`` (0-based, blank JSONL lines not counted), so ids are unique and stable for any
+    table with a ``code`` column, including CUDA-Agent-Ops-6K, whose rows share ``data_source``
+    values such as ``torch#3``. A row whose id repeats an earlier row's fails to load."""
     rows = _read_parquet(path) if path.suffix == ".parquet" else _read_jsonl(path)
-    if rows and "code" not in rows[0]:
+    if rows and not any("code" in row for row in rows):
         raise TaskLoadError(f"{path}: dataset has no 'code' column (columns: {sorted(rows[0])})")
+    first_row_of: dict[str, int] = {}
     results = []
     for index, row in enumerate(rows):
         origin = f"{path}#{index}"
-        task_id = next((str(row[k]) for k in ("id", "data_source") if row.get(k) is not None), f"row{index}")
-        code = row.get("code")
+        task_id = _row_id(row, index)
+        repeated = first_row_of.setdefault(task_id, index) if task_id is not None else None
 
-        def load(code=code, origin=origin, task_id=task_id) -> Task:
+        def load(row=row, origin=origin, task_id=task_id, repeated=repeated, index=index) -> Task:
+            if task_id is None:
+                raise TaskLoadError(f"{origin}: 'id' must be a string or an integer, got {row['id']!r:.80}")
+            if repeated != index:
+                raise TaskLoadError(f"{origin}: id {task_id!r} repeats row {repeated}; ids must be unique")
+            code = row.get("code")
+            if code is None:
+                raise TaskLoadError(f"{origin}: no 'code' (the row's columns: {sorted(row)})")
             if not isinstance(code, str):
                 raise TaskLoadError(f"{origin}: 'code' must be a string, got {type(code).__name__}")
             check_source(code, origin)
@@ -152,6 +164,16 @@ def _load_dataset(path: Path) -> list[TaskLoadResult]:
 
         results.append(_result(origin, load))
     return results
+
+
+def _row_id(row: dict, index: int) -> str | None:
+    """The row's task id (see ``_load_dataset``); None when its ``id`` is neither text nor an integer."""
+    if "id" not in row or row["id"] is None:
+        return f"row{index}"
+    value = row["id"]
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        return None
+    return str(value)
 
 
 def _read_jsonl(path: Path) -> list[dict]:

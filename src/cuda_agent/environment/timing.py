@@ -93,6 +93,10 @@ class HostSyncTimer(CudaTimer):
 def make_timer(device: str, config: TimingConfig, host_clock: bool = False) -> Timer:
     if device != "cuda":
         return CpuTimer()
+    if config.method == "profiler" and not host_clock:
+        from cuda_agent.environment.profiler_timer import ProfilerTimer
+
+        return ProfilerTimer()
     return HostSyncTimer(config.flush_l2) if host_clock else CudaTimer(config.flush_l2)
 
 

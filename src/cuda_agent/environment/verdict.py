@@ -95,11 +95,12 @@ class Verdict:
     status: Status
     device: str
     task: str
+    preset: str = "strict"  # the evaluation preset the settings started from (environment/presets.py)
     # Speed-ups against each baseline variant ("eager_tf32_off", "compile_tf32_on", ...).
     speedups: dict[str, float] = field(default_factory=dict)
     baselines: dict[str, TimingStats] = field(default_factory=dict)
     candidate_timing: TimingStats | None = None
-    reward_baseline: str = "tf32_off"  # which TF32 setting the reward's speed-ups were taken against
+    reward_baseline: str = "tf32_off"  # TF32 setting of the reward's baselines: tf32_off, tf32_on, fastest, tf32_default
     trials: list[TrialResult] = field(default_factory=list)
     build: BuildInfo | None = None
     notes: list[str] = field(default_factory=list)  # non-fatal findings (weights, fallbacks)

@@ -16,8 +16,11 @@ from cuda_agent.agent.cli import AGENT_OPTIONS
 from cuda_agent.agent.policies import POLICIES as AGENT_POLICIES
 from cuda_agent.agent.policies import PolicySpec
 from cuda_agent.cli_output import BAR_COLUMNS, WrappingTable, step_progress
-from cuda_agent.cli_support import build_eval_config, console, err_console, fail_usage, require_local_device
+from cuda_agent.cli_support import (
+    PRESET_HELP, build_eval_config, console, err_console, fail_usage, require_local_device,
+)
 from cuda_agent.environment import POLICIES, EvalConfig
+from cuda_agent.environment.presets import describe
 from cuda_agent.evaluate.metrics import GroupMetrics, benchmark_metrics
 from cuda_agent.evaluate.policy import DEFAULT_TURNS
 from cuda_agent.evaluate.store import HARNESS_ERROR, STORE_FILE, ResultRecord, ResultsStore, StoreError
@@ -36,22 +39,26 @@ def _pool_config(backend: str, address: Optional[str], token: Optional[str], wor
         fail_usage(str(exc))
 
 
-def _solutions_for(tasks: list[EvalTask], solutions: Optional[Path], policy: Optional[PolicySpec], turns: int,
-                   episodes: int, out: Path, config: EvalConfig) -> Path:
+def _solutions_for(tasks: list[EvalTask], solutions: Optional[Path], policy: Optional[PolicySpec],
+                   agent: dict[str, Any], episodes: int, out: Path, config: EvalConfig, solution_rule: str) -> Path:
     """The folder of solutions to evaluate: the given one, or the one the agent fills for a policy."""
     if solutions is not None:
         return solutions
-    if turns < 1 or episodes < 1:
-        fail_usage(f"--turns and --episodes must be >= 1, got {turns} and {episodes}")
+    if episodes < 1:
+        fail_usage(f"--episodes must be >= 1, got {episodes}")
     from cuda_agent.agent import AgentConfig, AgentConfigError
+    from cuda_agent.agent.optimize import SOLUTION_RULES
     from cuda_agent.evaluate.policy import run_agent, tasks_without_solution
 
+    if solution_rule not in SOLUTION_RULES:
+        fail_usage(f"--solution {solution_rule!r} is unknown; valid: {', '.join(SOLUTION_RULES.names())}")
     folder = out / "solutions"
     todo = tasks_without_solution(tasks, folder)
     err_console.print(f"agent: {len(todo)} of {len(tasks)} tasks to solve with the {policy.name} policy "
-                      f"({turns} turns each, {episodes} episodes at once)")
+                      f"({agent['max_turns']} turns each, {episodes} episodes at once; scored solution: {solution_rule})")
     try:
-        failures = run_agent(todo, policy, AgentConfig(max_turns=turns), folder, config, episodes)
+        failures = run_agent(todo, policy, AgentConfig.from_dict(agent, "agent options"), folder, config, episodes,
+                             solution_rule)
     except (AgentConfigError, ValueError) as exc:  # a policy that cannot be made (bad model, endpoint, script)
         fail_usage(f"cannot run the {policy.name} policy: {exc}")
     for key, error in failures:
@@ -62,7 +69,8 @@ def _solutions_for(tasks: list[EvalTask], solutions: Optional[Path], policy: Opt
 def eval_command(
     tasks: Path = typer.Option(..., help="KernelBench checkout (or one of its level folders), a folder of problem "
                                          "files, or a .parquet/.jsonl dataset."),
-    level: Optional[list[int]] = typer.Option(None, help="KernelBench level to evaluate (repeatable; default: all)."),
+    level: Optional[list[int]] = typer.Option(None, help="KernelBench level to evaluate (repeatable; default: 1, 2 and 3, "
+                                                           "as the paper reports; --level 4 adds level 4)."),
     solutions: Optional[Path] = typer.Option(None, help="Folder with one solution per task: level{L}_problem{N}.py "
                                                         "or <task id>.py (or a workdir folder of that name)."),
     policy: Optional[str] = typer.Option(None, help=f"Evaluate a policy ({', '.join(AGENT_POLICIES.names())}): the "
@@ -73,6 +81,8 @@ def eval_command(
     tool_protocol: str = AGENT_OPTIONS["tool_protocol"],
     turns: int = typer.Option(DEFAULT_TURNS, help="Agent turns per task with --policy."),
     episodes: int = typer.Option(8, help="Agent episodes at once with --policy (they share one evaluation queue)."),
+    solution: str = AGENT_OPTIONS["solution"],
+    workdir_style: Optional[str] = AGENT_OPTIONS["workdir_style"], skill: Optional[Path] = AGENT_OPTIONS["skill"],
     out: Optional[Path] = typer.Option(None, help="Run folder (results store, reports); rerunning continues it "
                                                   "[default: runs/eval-<solutions folder name>]."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object of metrics per level and overall."),
@@ -81,6 +91,7 @@ def eval_command(
     compile_baseline: Optional[bool] = typer.Option(None, "--compile-baseline/--no-compile-baseline",
                                                     help="Time torch.compile (needed for the vs-compile metrics)."),
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
+    preset: Optional[str] = typer.Option(None, help=PRESET_HELP),
     backend: str = typer.Option("local", help=f"Where evaluations run: {', '.join(BACKENDS)}."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (ray) or service URL (service)."),
     token: Optional[str] = typer.Option(None, envvar="CUDA_AGENT_SERVE_TOKEN", help="Bearer token (service)."),
@@ -94,7 +105,7 @@ def eval_command(
     Exit status 0 when every task has a result, 1 when some could not be evaluated (rerun to retry
     them), 2 on bad usage.
     """
-    eval_config = build_eval_config(device, config, precision, None, compile_baseline)
+    eval_config = build_eval_config(device, config, precision, compile_baseline=compile_baseline, preset=preset)
     pool_config = _pool_config(backend, address, token, workers, gpus, compile_workers)
     if pool_config.backend == "local":
         require_local_device(eval_config)
@@ -111,7 +122,9 @@ def eval_command(
         if policy not in AGENT_POLICIES:
             fail_usage(f"unknown policy {policy!r}; valid: {', '.join(AGENT_POLICIES.names())}")
         spec = PolicySpec(policy, model=model, base_url=base_url, replay=replay, tool_protocol=tool_protocol)
-    solutions_dir = _solutions_for(task_set, solutions, spec, turns, episodes, run_dir, eval_config)
+    agent = {"max_turns": turns, **{k: v for k, v in {"workdir_style": workdir_style, "skill_path": skill}.items()
+                                    if v is not None}}
+    solutions_dir = _solutions_for(task_set, solutions, spec, agent, episodes, run_dir, eval_config, solution)
     try:
         match = match_solutions(task_set, solutions_dir)
     except TaskSetError as exc:
@@ -123,7 +136,7 @@ def eval_command(
     if json_out:
         print(json.dumps(metrics_json(metrics, store.run(run_dir.name).info, run_dir), allow_nan=False))
     else:
-        console.print(metrics_table(metrics, f"{run_dir}: {eval_config.device}, precision {eval_config.verify.precision}"))
+        console.print(metrics_table(metrics, f"{run_dir}: {eval_config.device}; {describe(eval_config)}"))
         console.print(f"results: {store.path} (report: cuda-agent report {run_dir})")
     if any(r.status == HARNESS_ERROR for r in records):
         err_console.print("[yellow]some tasks have no verdict (their worker failed); rerun the same command to "
@@ -139,7 +152,8 @@ def _open_run(run_dir: Path, task_set: list[EvalTask], match: SolutionMatch, tas
 
     store = ResultsStore(run_dir / STORE_FILE)
     info = {"tasks": str(tasks), "solutions": str(solutions_dir), "policy": policy, "device": eval_config.device,
-            "precision": eval_config.verify.precision, "backend": pool_config.backend,
+            "precision": eval_config.verify.precision, "preset": eval_config.preset,
+            "protocol": describe(eval_config), "backend": pool_config.backend,
             "unmatched_solutions": [str(p) for p in match.unmatched]}
     try:
         store.start_run(run_dir.name, run_settings(tasks, levels, solutions_dir, task_set, eval_config), info)
@@ -231,7 +245,7 @@ def report_command(
         other = dataclasses.replace(other, name=f"{other.name}-compared")
     folder = out or (results if results.is_dir() else results.parent)
     html_path, markdown_path = write_reports(primary, other, folder)
-    console.print(metrics_table(primary.metrics, f"{primary.name}"))
+    console.print(metrics_table(primary.metrics, f"{primary.name}; {primary.protocol}"))
     if other is not None:
-        console.print(metrics_table(other.metrics, f"{other.name}"))
+        console.print(metrics_table(other.metrics, f"{other.name}; {other.protocol}"))
     console.print(f"wrote {html_path} and {markdown_path}")

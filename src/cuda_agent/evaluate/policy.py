@@ -33,10 +33,11 @@ def tasks_without_solution(tasks: list[EvalTask], solutions_dir: Path) -> list[E
 
 
 def run_agent(tasks: list[EvalTask], spec: PolicySpec, agent_config: AgentConfig, solutions_dir: Path,
-              eval_config: EvalConfig, concurrency: int = 8) -> list[tuple[str, str]]:
+              eval_config: EvalConfig, concurrency: int = 8, solution_rule: str = "final") -> list[tuple[str, str]]:
     """Have the agent solve ``tasks`` with the policy ``spec``, ``concurrency`` episodes at once
-    sharing one evaluation queue, writing each task's best verified solution (``cuda-agent
-    optimize``'s choice, with its report and trajectory) to ``solutions_dir/<task key>/``.
+    sharing one evaluation queue, writing the solution ``solution_rule`` picks from each episode
+    (``agent.optimize.SOLUTION_RULES``: ``final`` by default, as training rewards an episode; or
+    ``best``), with its report and trajectory, to ``solutions_dir/<task key>/``.
 
     A folder appears only once its episode is complete (written aside, then renamed), so a killed
     run leaves no half-written solution and a rerun gives the unsolved tasks to the agent again.
@@ -45,11 +46,11 @@ def run_agent(tasks: list[EvalTask], spec: PolicySpec, agent_config: AgentConfig
         ``(task key, error)`` for every episode that failed outside the agent's control (those
         tasks stay without a solution and count as failed).
     """
-    return asyncio.run(_solve_all(tasks, spec, agent_config, solutions_dir, eval_config, concurrency))
+    return asyncio.run(_solve_all(tasks, spec, agent_config, solutions_dir, eval_config, concurrency, solution_rule))
 
 
 async def _solve_all(tasks: list[EvalTask], spec: PolicySpec, agent_config: AgentConfig, solutions_dir: Path,
-                     eval_config: EvalConfig, concurrency: int) -> list[tuple[str, str]]:
+                     eval_config: EvalConfig, concurrency: int, solution_rule: str) -> list[tuple[str, str]]:
     solutions_dir.mkdir(parents=True, exist_ok=True)
     policy = make_policy(spec)
     queue = EvaluationQueue(eval_config, 1)
@@ -61,7 +62,8 @@ async def _solve_all(tasks: list[EvalTask], spec: PolicySpec, agent_config: Agen
         async with slots:
             shutil.rmtree(partial, ignore_errors=True)
             try:
-                await optimize(task.task, policy, agent_config, eval_config, partial, queue=queue)
+                await optimize(task.task, policy, agent_config, eval_config, partial, queue=queue,
+                               solution_rule=solution_rule)
             except Exception as exc:  # an infrastructure failure costs this task, not the run
                 logger.exception("agent episode for %s failed", task.key)
                 failures.append((task.key, f"{type(exc).__name__}: {exc}"))

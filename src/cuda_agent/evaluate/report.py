@@ -33,6 +33,17 @@ class RunReport:
     workers: dict[str, int]  # evaluations answered per worker (GPU lane, CPU lane, Ray actor)
 
     @property
+    def protocol(self) -> str:
+        """The preset and verdict rules of the run (``presets.describe``), from its stored settings."""
+        from cuda_agent.environment import ConfigError, EvalConfig
+        from cuda_agent.environment.presets import describe
+
+        try:
+            return describe(EvalConfig.from_dict(self.run.settings.get("evaluation") or {}))
+        except (ConfigError, TypeError, ValueError) as exc:
+            return f"settings unreadable ({exc})"
+
+    @property
     def status_counts(self) -> dict[str, int]:
         return dict(Counter(r.status for r in self.records).most_common())
 

@@ -148,6 +148,7 @@ def _environment_section(runs: list[RunReport]) -> str:
         rows = [["run", run.name], ["started", created], ["store", str(run.store_path)],
                 *([key, str(info[key])] for key in ("tasks", "solutions", "policy", "device", "precision", "backend")
                   if info.get(key) is not None),
+                ["verdicts", run.protocol],
                 *([key, run.environment[key]] for key in ENVIRONMENT_KEYS if key in run.environment)]
         parts.append(_table(["", run.name], rows))
         parts.append(_table(["worker", "evaluations"], [[name, str(count)] for name, count in run.workers.items()]))

@@ -50,7 +50,8 @@ def _run_lines(run: RunReport) -> list[str]:
     info = run.run.info
     lines = [f"**{run.name}** — tasks `{info.get('tasks')}`, solutions `{info.get('solutions')}`"
              + (f", policy `{info['policy']}`" if info.get("policy") else "")
-             + f", device {info.get('device')}, precision {info.get('precision')}, backend {info.get('backend')}.", ""]
+             + f", device {info.get('device')}, backend {info.get('backend')}.", "",
+             f"Verdicts: {run.protocol}.", ""]
     environment = ", ".join(f"{key} {run.environment[key]}" for key in ENVIRONMENT_KEYS if key in run.environment)
     if environment:
         lines += [f"Environment: {environment}.", ""]

@@ -17,6 +17,10 @@ from cuda_agent.environment import Task, TaskLoadError, load_tasks
 _LEVEL_DIR = re.compile(r"^level(\d+)$")
 _PROBLEM_FILE = re.compile(r"^(\d+)_")
 
+KERNELBENCH_LEVELS = (1, 2, 3)
+"""Levels a KernelBench checkout contributes when none are named: the 250 problems the CUDA Agent
+paper (and KernelBench's own leaderboard) report on. Level 4 (Hugging Face models) only on request."""
+
 
 class TaskSetError(ValueError):
     """The task set or the solutions folder cannot be used; the message names the path and the fix."""
@@ -54,7 +58,9 @@ def _kernelbench_levels(root: Path) -> dict[int, Path]:
 
 
 def load_task_set(path: Path, levels: tuple[int, ...] = ()) -> list[EvalTask]:
-    """The tasks under ``path``, restricted to ``levels`` when given (KernelBench only).
+    """The tasks under ``path``, restricted to ``levels`` when given (KernelBench only). A whole
+    checkout without ``levels`` gives :data:`KERNELBENCH_LEVELS` (those it has); a level folder
+    gives that level.
 
     Raises:
         TaskSetError: no such path, ``levels`` on a set without levels, a level that does not
@@ -76,7 +82,8 @@ def load_task_set(path: Path, levels: tuple[int, ...] = ()) -> list[EvalTask]:
         if unknown:
             raise TaskSetError(f"{path}: no level {', '.join(map(str, unknown))}; available: "
                                f"{', '.join(map(str, sorted(found)))}")
-        tasks = [_eval_task(result, level) for level in sorted(levels or found) for result in _load(found[level])]
+        chosen = levels or tuple(level for level in KERNELBENCH_LEVELS if level in found) or tuple(found)
+        tasks = [_eval_task(result, level) for level in sorted(chosen) for result in _load(found[level])]
     if not tasks:
         raise TaskSetError(f"{path}: no tasks found")
     duplicates = sorted({t.key for t in tasks if sum(u.key == t.key for u in tasks) > 1})
@@ -99,8 +106,13 @@ def _eval_task(result, level: int | None) -> EvalTask:
     if number is not None:
         key = f"level{level}_problem{number}"
     else:
-        key = result.task.id if result.task is not None else Path(result.origin).stem
+        key = result.task.id if result.task is not None else _failed_key(result.origin)
     return EvalTask(key, level, number, result.origin, result.task, result.error)
+
+
+def _failed_key(origin: str) -> str:
+    """The key of an entry that did not load: the file stem, or ``<dataset file>#<row>``."""
+    return Path(origin).name if "#" in Path(origin).name else Path(origin).stem
 
 
 @dataclass(frozen=True)

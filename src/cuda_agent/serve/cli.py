@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from cuda_agent.cli_support import build_eval_config, err_console, fail_usage
+from cuda_agent.cli_support import PRESET_HELP, build_eval_config, err_console, fail_usage
 from cuda_agent.environment import POLICIES
 from cuda_agent.pool import PoolConfig, PoolConfigError
 
@@ -60,6 +60,7 @@ def serve_command(
     compile_baseline: Optional[bool] = typer.Option(None, "--compile-baseline/--no-compile-baseline",
                                                     help="Time torch.compile too (needed for reward 3)."),
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
+    preset: Optional[str] = typer.Option(None, help=PRESET_HELP),
     backend: str = typer.Option("local", help="Where evaluations run: local (this host's GPUs) or ray."),
     address: Optional[str] = typer.Option(None, help="Ray cluster address (backend ray)."),
     workers: int = typer.Option(0, help="Evaluation workers (0: one per GPU; 1 on cpu)."),
@@ -89,7 +90,7 @@ def serve_command(
         err_console.print(f"warning: --allow-anonymous on {host}: anyone who can reach this port may submit code to "
                           "run on this machine; use a bearer token unless the network is trusted", style="yellow",
                           markup=False)
-    eval_config = build_eval_config(device, config, precision, None, compile_baseline)
+    eval_config = build_eval_config(device, config, precision, compile_baseline=compile_baseline, preset=preset)
     try:
         lock = StateDirLock(state_dir)  # before any worker starts: a second instance fails fast
     except (StateDirBusy, OSError) as exc:

@@ -467,6 +467,7 @@ def _stats(accepted: list[TaskRecord], rejected: list[Rejection], meta: Mapping[
         "eager_ms": _summary([r.eager_ms for r in accepted if r.eager_ms is not None]),
         "compile_ms": _summary([r.compile_ms for r in accepted if r.compile_ms is not None]),
         "devices": dict(sorted(Counter(str(record.device) for record in accepted).items())),
+        "composers": dict(sorted(Counter(record.composer for record in accepted).items())),
         "run": dict(meta),
     }
 
@@ -569,6 +570,27 @@ def _ms(summary: Mapping[str, float]) -> str:
     return " / ".join(f"{summary[key]:.4g}" for key in ("min", "median", "max")) + " ms"
 
 
+def provenance_section(composers: Mapping[str, int]) -> str:
+    """The card's section on columns, composers and how the set differs from CUDA-Agent-Ops-6K."""
+    used = ", ".join(f"`{name}` {count}" for name, count in composers.items()) or "unknown"
+    return f"""## Columns and differences from CUDA-Agent-Ops-6K
+
+Composer of the tasks: {used} (`deterministic`: cuda-agent's seeded, shape-aware composer, no
+LLM; `llm:<model>`: an LLM composing the operators that composer sampled). The paper's Ops-6K was composed
+by an LLM.
+
+- `data_source` is `<seed source>#<number of fused operators>` (`torch#3`, `transformers#5`), the
+  Ops-6K convention; many rows share a value, so it is not an id. `id` is the content hash of
+  `code`; `ops`, `code` as in Ops-6K; `eager_ms`, `compile_ms`, `device`, `seed_ops_version`,
+  `composer`, `seed`, `source` are ours.
+- Filter: eager and `torch.compile` must run, be deterministic and not degenerate, with the eager
+  time inside the window above (the paper's window on CUDA is 1-100 ms), and near-copies of
+  KernelBench problems are withdrawn, as in the paper; the thresholds are cuda-agent's own.
+- `cuda-agent tasks list FILE --failed` lists rows that fail to load and why; loaders key rows by
+  `id` (row index where a table has no `id`, as Ops-6K has none).
+"""
+
+
 def render_card(numbers: Mapping[str, Any]) -> str:
     """The dataset card (``README.md``) for the numbers :func:`stats` returns."""
     run = numbers["run"]
@@ -618,4 +640,4 @@ de-duplication by `cuda-agent synth`. Files: {', '.join(f'`{name}`' for name in 
 ## Filter funnel
 
 {decisions}
-"""
+{provenance_section(numbers.get('composers') or {})}"""

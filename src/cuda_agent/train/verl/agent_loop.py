@@ -99,7 +99,8 @@ class CudaAgentLoop(AgentLoopBase):
             extra_fields={"turn_scores": [], "tool_rewards": [], "cuda_agent": extra})
 
     def _first_messages(self, task: Task) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        return initial_messages(task, self.settings.evaluation.device), []
+        agent = self.settings.agent
+        return initial_messages(task, self.settings.evaluation.device, agent.workdir_style, agent.skill_text()), []
 
 
 def register(name: str = AGENT_NAME) -> type[CudaAgentLoop]:
