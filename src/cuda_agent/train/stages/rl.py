@@ -78,14 +78,17 @@ def train_step(run: RLRun, learner: PPOLearner, rollout: Callable[[RLRun, int], 
     device = run.models.device
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+    step_started = time.monotonic()
     sample = rollout(run, number)
     started = time.monotonic()
     scored = learner.score(sample.rows)
     score_s = time.monotonic() - started
     rewards = sample.rewards()
+    blocked_s = time.monotonic() - started - score_s
     batch = learner.estimate(scored, rewards)
     metrics = {**sample.metrics, **reward_metrics(rewards), "score/seconds": score_s,
-               "score/tokens_per_s": scored.tokens / max(score_s, 1e-9)}
+               "score/tokens_per_s": scored.tokens / max(score_s, 1e-9), "step/verdict_blocked_s": blocked_s}
+    metrics["episodes/harness_errors"] = metrics["episodes/unscored"] + sample.metrics.get("rollout/failures", 0.0)
     if batch.rows:
         epochs = learner.algorithm.epochs
         started = time.monotonic()
@@ -94,6 +97,9 @@ def train_step(run: RLRun, learner: PPOLearner, rollout: Callable[[RLRun, int], 
         metrics.update({"update/seconds": update_s, "update/tokens": float(batch.tokens * epochs),
                         "update/tokens_per_s": batch.tokens * epochs / max(update_s, 1e-9),
                         "critic/explained_variance": batch.explained_variance()})
+    wall_s = time.monotonic() - step_started
+    metrics["step/seconds"] = wall_s
+    metrics["step/verdict_blocked_share"] = blocked_s / max(wall_s, 1e-9)
     if device.type == "cuda":
         metrics["gpu/peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     return metrics
