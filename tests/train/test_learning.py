@@ -32,7 +32,7 @@ def _ppo_run(warm, out, actor_lr: float) -> list[dict[str, float]]:
 
 
 def test_ppo_raises_keypad_reward_with_the_clip_acting_and_not_with_zero_learning_rate(warm_keypad, tmp_path):
-    run = _ppo_run(warm_keypad, tmp_path / "lr", 1e-3)
+    run = _ppo_run(warm_keypad, tmp_path / "lr", 3e-4)
     frozen_run = _ppo_run(warm_keypad, tmp_path / "lr0", 0.0)
     learned = [m["reward/mean"] for m in run]
     frozen = [m["reward/mean"] for m in frozen_run]
