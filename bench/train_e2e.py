@@ -71,12 +71,14 @@ class Plan:
     samples_per_task: int
     rft_epochs: int
     lr: float
+    max_new_tokens: int | None
+    """Tokens per turn; None: room for the longest recorded reply (a model that learned it can repeat it)."""
 
 
 GPU_PLAN = Plan(EXAMPLE_TASKS, (1.0, 0.5, 0.25), (0.125,), 4, 2, "small",
-                {"warmup": 4, "value": 4, "ppo": 16}, 6, 4, 40, 1e-4)
-SMOKE_PLAN = Plan(("relu", "row_sum"), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
-                  {"warmup": 1, "value": 1, "ppo": 2}, 2, 1, 2, 1e-4)
+                {"warmup": 4, "value": 4, "ppo": 16}, 6, 4, 40, 1e-4, None)
+SMOKE_PLAN = Plan(("relu",), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
+                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 2, 2, 1e-4, 32)
 
 
 def scaled_task(code: str, scale: float) -> str:
@@ -118,19 +120,19 @@ def replay_turn(task_id: str, device: str, sample: int) -> dict[str, Any]:
 
 
 def train_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, max_new_tokens: int,
-                 smoke: bool) -> dict[str, Any]:
+                 window_tokens: int, smoke: bool) -> dict[str, Any]:
     """The training YAML: non-paper learning rates and sizes (a random model, minutes per stage)."""
     rollout = {"tasks_per_step": plan.tasks_per_step, "samples_per_task": plan.samples_per_task,
                "max_new_tokens": max_new_tokens, "max_batch": 32, "concurrency": 32,
-               "evaluation_slots": 1 if smoke else 4, "temperature": 1.0}
+               "evaluation_slots": 1, "temperature": 1.0}  # one evaluation at a time per GPU: undisturbed timing
     tensorboard = not smoke
     config: dict[str, Any] = {
         "environment": {"name": "cuda", "tasks": str(out / "tasks" / "train")},
         "model": {"path": str(out / "model"), "critic": "separate",
                   "precision": "bf16-mixed" if device == "cuda" else "fp32"},
         "device": device,
-        "agent": {"max_turns": 2, "max_idle_replies": 1, "wall_clock_s": 600, "work_root": str(out / "episodes"),
-                  "context": {"window_tokens": max(4096, 4 * max_new_tokens), "reply_tokens": max_new_tokens}},
+        "agent": {"max_turns": 2, "max_idle_replies": 1, "wall_clock_s": 600,
+                  "context": {"window_tokens": window_tokens, "reply_tokens": max_new_tokens}},
         "warmup": {"steps": plan.steps["warmup"], "rollout": rollout, "actor_optim": {"lr": plan.lr},
                    "critic_optim": {"lr": plan.lr}, "checkpoint": {"every_steps": 2}, "tensorboard": tensorboard},
         "rft": {"trajectories": [str(out / "replays.jsonl")], "rollout": rollout, "epochs": plan.rft_epochs,
@@ -143,6 +145,7 @@ def train_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, max
     }
     if cache_dir is not None:
         config["cache_dir"] = str(cache_dir)
+    config["timing"] = {"budget_s": 2.0}  # per timed candidate (default 5 s): more episodes per minute
     if smoke:
         config["timing"] = {"budget_s": SMOKE_TIMING.budget_s, "min_samples": SMOKE_TIMING.min_samples,
                             "warmup_calls": SMOKE_TIMING.warmup_calls, "warmup_ms": SMOKE_TIMING.warmup_ms,
@@ -165,10 +168,12 @@ def prepare(out: Path, plan: Plan, device: str, cache_dir: Path | None, smoke: b
         solutions = [solution_of(t, device).read_text() for t in plan.tasks]
         turns = [json.dumps(replay_turn(t, device, 0)) for t in plan.tasks]
         init_random_model(out / "model", plan.model_size, default_corpus(sources + solutions * 4 + turns), seed=0,
-                          max_positions=16384)
-        state["max_new_tokens"] = _reply_tokens(out / "model", [replay_turn(t, device, 0) for t in plan.tasks])
+                          max_positions=32768)
+        reply = plan.max_new_tokens or _reply_tokens(out / "model", [replay_turn(t, device, 0) for t in plan.tasks])
+        prompt = _prompt_tokens(out / "model", out / "tasks" / "train", device)
+        state.update(max_new_tokens=reply, window_tokens=(prompt + 3 * reply + 512) // 1024 * 1024 + 1024)
         (out / "train.yaml").write_text(yaml.safe_dump(
-            train_config(out, plan, device, cache_dir, state["max_new_tokens"], smoke)))
+            train_config(out, plan, device, cache_dir, reply, state["window_tokens"], smoke)))
         state_path.write_text(json.dumps(state, indent=2))
     return record_replays(out, plan, device, deadline)
 
@@ -188,6 +193,24 @@ def _reply_tokens(model: Path, turns: list[dict[str, Any]]) -> int:
         rendered = render_for_text_model([{"role": "assistant", "content": turn["content"], "tool_calls": calls}], [])
         longest = max(longest, len(tokenizer.encode(rendered[-1]["content"])))
     return (int(longest * 1.25) // 128 + 1) * 128
+
+
+def _prompt_tokens(model: Path, tasks: Path, device: str) -> int:
+    """The longest first prompt (system prompt, tools, task) of the tasks in ``tasks``."""
+    from transformers import AutoTokenizer
+
+    from cuda_agent.agent.loop import initial_messages
+    from cuda_agent.agent.text_protocol import render_for_text_model
+    from cuda_agent.agent.tools import episode_tool_schemas
+    from cuda_agent.environment import load_task
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    longest = 0
+    for path in sorted(tasks.glob("*.py")):
+        messages = render_for_text_model(initial_messages(load_task(path), device), episode_tool_schemas())
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        longest = max(longest, len(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return longest
 
 
 def record_replays(out: Path, plan: Plan, device: str, deadline: float) -> bool:
@@ -306,6 +329,7 @@ def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
             "update_tokens_per_s": statistics.median(update) if update else None,
             "peak_gpu_gb": max(peak) if peak else None, "steps": len(rows), "status": record.get("status"),
             "verdict_wait_share": _mean(series("rollout/verdict_wait_share")),
+            "verdict_blocked_share": _mean(series("step/verdict_blocked_share")),
             "harness_errors": sum(series("episodes/harness_errors")),
             "sft_loss_first": _mean(series("sft/loss")[:quarter]) if name == "rft" else None,
             "sft_loss_last": _mean(series("sft/loss")[-quarter:]) if name == "rft" else None}

@@ -26,7 +26,7 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from cuda_agent.agent.loop import initial_messages  # noqa: E402
 from cuda_agent.agent.text_protocol import render_for_text_model  # noqa: E402
 from cuda_agent.agent.tools import episode_tool_schemas  # noqa: E402
-from cuda_agent.environment import load_task  # noqa: E402
+from cuda_agent.environment import Task, load_task  # noqa: E402
 from cuda_agent.train.init_model import build_tokenizer, default_corpus  # noqa: E402
 from cuda_agent.train.verl.data import rl_rows  # noqa: E402
 from cuda_agent.train.verl.reward import close_pools, compute_score  # noqa: E402
@@ -72,9 +72,9 @@ def tokenizer():
     return build_tokenizer(default_corpus([(EXAMPLES / "tasks" / "relu.py").read_text()]), 1024)
 
 
-def _verl_config(tmp_path: Path, cache_dir: Path):
+def _verl_config(tmp_path: Path, cache_dir: Path, response_length: int = 16384):
     return OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": 8192, "response_length": 16384}},
+        "actor_rollout_ref": {"rollout": {"prompt_length": 8192, "response_length": response_length}},
         "data": {"apply_chat_template_kwargs": {}},
         "cuda_agent": {"device": "cpu", "evaluation_slots": 1,
                        "agent": {"max_turns": 6, "work_root": str(tmp_path)},
@@ -132,6 +132,40 @@ def test_agent_loop_returns_the_episode_with_a_correct_response_mask_and_reward(
     converted = output.as_dict()
     assert float(converted["rm_scores"][-1]) == output.reward_score
     assert converted["response_mask"].sum().item() == len(generated)
+
+
+def _run(task, script, tokenizer, config):
+    row = rl_rows([task], "cpu", "agent")[0]
+    server = ScriptedServer(tokenizer, script)
+
+    async def episode():
+        loop = _agent_loop(config, server, tokenizer)
+        return await loop.run({"temperature": 1.0, "top_p": 1.0}, **{k: v for k, v in row.items() if k != "agent_name"})
+
+    return asyncio.run(episode()), server
+
+
+def test_an_episode_cut_after_tool_output_ends_on_its_last_generated_token_with_the_reward(tokenizer, tmp_path,
+                                                                                          session_cache_dir):
+    relu = load_task(EXAMPLES / "tasks" / "relu.py")
+    script = relu_script()
+    first_turn = len(tokenizer.encode(script[0], add_special_tokens=False)) + 1
+    # Room for the first turn only: its tool output is merged, then the next turn finds no room left.
+    output, server = _run(relu, script, tokenizer, _verl_config(tmp_path, session_cache_dir, first_turn + 8))
+    assert len(server.generated) == 1 and output.extra_fields["cuda_agent"]["end_reason"] == "policy_error"
+    assert output.response_ids == server.generated[0] and output.response_mask == [1] * first_turn
+    assert output.reward_score >= 1.0  # the written solution, scored on the final workdir
+    converted = output.as_dict()  # verl puts the reward on the last response token: a generated one
+    assert converted["response_mask"][-1].item() == 1 and float(converted["rm_scores"][-1]) == output.reward_score
+    assert output.extra_fields["reward_extra_info"] == {"cuda_agent_harness_error": 0}
+
+
+def test_a_harness_failure_is_masked_out_with_no_reward(tokenizer, tmp_path, session_cache_dir):
+    no_model = Task("no_model", "def get_inputs(): return []\ndef get_init_inputs(): return []\n", "<test>")
+    output, _ = _run(no_model, relu_script(), tokenizer, _verl_config(tmp_path, session_cache_dir))
+    assert output.extra_fields["cuda_agent"]["final"] == "final verdict task_error"  # the reference, not the policy
+    assert output.response_ids and set(output.response_mask) == {0} and output.reward_score == 0.0
+    assert output.extra_fields["reward_extra_info"] == {"cuda_agent_harness_error": 1}
 
 
 def test_compute_score_scores_single_turn_responses_with_the_evaluator(session_cache_dir):
