@@ -78,7 +78,7 @@ class Plan:
 GPU_PLAN = Plan(EXAMPLE_TASKS, (1.0, 0.5, 0.25), (0.125,), 4, 2, "small",
                 {"warmup": 4, "value": 4, "ppo": 16}, 6, 4, 40, 1e-4, None)
 SMOKE_PLAN = Plan(("relu",), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
-                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 2, 2, 1e-4, 32)
+                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 32)
 
 
 def scaled_task(code: str, scale: float) -> str:

@@ -1,12 +1,15 @@
-"""``bench/train_e2e.py --smoke`` on the CPU backend: the bootstrap path end to end (replayed
-solutions scored by the real evaluator, warm-up, RFT, value pre-training, PPO, held-out episodes)
-in resumable invocations, and the results JSON with every stage's keys."""
+"""``bench/train_e2e.py --smoke`` on the CPU backend (and, marked ``gpu``, on CUDA): the bootstrap
+path end to end (replayed solutions scored by the real evaluator, warm-up, RFT, value
+pre-training, PPO, held-out episodes) in resumable invocations, and the results JSON with every
+stage's keys."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import sys
+
+import pytest
 
 from support import REPO_ROOT
 
@@ -22,9 +25,10 @@ def _bench():
     return module
 
 
-def test_smoke_run_resumes_step_by_step_and_reports_every_stage(tmp_path, session_cache_dir, capsys):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_smoke_run_resumes_step_by_step_and_reports_every_stage(device, tmp_path, session_cache_dir, capsys):
     bench = _bench()
-    args = ["--out", str(tmp_path / "run"), "--smoke", "--device", "cpu", "--cache-dir", str(session_cache_dir)]
+    args = ["--out", str(tmp_path / "run"), "--smoke", "--device", device, "--cache-dir", str(session_cache_dir)]
     assert bench.main([*args, "--budget-s", "0"]) == 0  # a spent budget: nothing runs, the JSON says so
     assert json.loads((tmp_path / "run" / "train_e2e.json").read_text())["steps_done"] == []
     bench.main([*args, "--budget-s", "1"])  # the model and tasks are made, then the budget stops the recording
@@ -39,7 +43,8 @@ def test_smoke_run_resumes_step_by_step_and_reports_every_stage(tmp_path, sessio
     assert result["recorded"]["successful"] == result["recorded"]["episodes"] >= 1  # the bundled solutions pass
     for name in bench.STAGES:
         assert set(KEYS) <= set(result["stages"][name]), name
-        assert result["stages"][name]["peak_gpu_gb"] is None  # the CPU backend
+        peak = result["stages"][name]["peak_gpu_gb"]
+        assert peak is None if device == "cpu" else peak > 0, (name, peak)
     stages = result["stages"]
     assert stages["rft"]["pass_rate"] > 0 and stages["rft"]["update_tokens_per_s"] > 0
     assert stages["rft"]["mean_reward_first"] is None and stages["value"]["clip_fraction"] is None
