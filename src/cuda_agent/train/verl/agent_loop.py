@@ -22,6 +22,7 @@ import asyncio
 import dataclasses
 import logging
 import threading
+import uuid
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
@@ -30,8 +31,9 @@ from verl.experimental.agent_loop.agent_loop import register as verl_register
 from cuda_agent.agent.evaluation import EvaluationQueue
 from cuda_agent.agent.loop import initial_messages, run_episode
 from cuda_agent.environment import Task
+from cuda_agent.pool import PoolConfig, open_pool
+from cuda_agent.train.rewards import PoolScorer, harness_failure, pool_evaluator
 from cuda_agent.train.verl.data import task_from_row
-from cuda_agent.train.rewards import harness_failure
 from cuda_agent.train.verl.policy import VerlServerPolicy, fit_response
 from cuda_agent.train.verl.settings import VerlSettings
 
@@ -54,13 +56,21 @@ class _Shared:
         loop = id(asyncio.get_running_loop())
         with cls.lock:
             if settings.pool is not None and cls.evaluator is None:
-                from cuda_agent.pool import open_pool
-                from cuda_agent.train.rewards import pool_evaluator
-
                 cls.evaluator = pool_evaluator(open_pool(settings.evaluation, settings.pool))
             if loop not in cls.queues:
                 cls.queues[loop] = EvaluationQueue(settings.evaluation, settings.evaluation_slots, cls.evaluator)
             return cls.queues[loop]
+
+    scorers: dict[str, PoolScorer] = {}
+
+    @classmethod
+    def scorer(cls, settings: VerlSettings) -> PoolScorer:
+        """The pool that scores warm-up replies (one per worker process and evaluation settings)."""
+        key = repr((settings.evaluation, settings.pool))
+        with cls.lock:
+            if key not in cls.scorers:
+                cls.scorers[key] = PoolScorer(open_pool(settings.evaluation, settings.pool or PoolConfig()))
+            return cls.scorers[key]
 
     harness_errors = 0
     """Episodes of this worker process left out of training for a harness failure."""
@@ -117,6 +127,38 @@ class CudaAgentLoop(AgentLoopBase):
 
     def _first_messages(self, task: Task) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         return initial_messages(task, self.settings.evaluation.device), []
+
+
+class CudaSingleTurnLoop(AgentLoopBase):
+    """One warm-up reply per dataset row (name ``cuda_agent_single_turn``): the reply is generated
+    through verl's server manager and scored here by the trusted evaluator as a complete solution
+    file (an evaluation pool, as :func:`~.reward.compute_score` uses), so that a reply the harness
+    could not score is masked out like a failed episode: a reward function cannot drop a sample."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = VerlSettings.from_section(self.config.get(SETTINGS_KEY))
+        self.response_length = int(self.rollout_config.response_length)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        task = task_from_row(kwargs.get("extra_info"))
+        prompt_ids = list(await self.ct_build_initial_tokens(list(kwargs["raw_prompt"])))
+        output = await self.server_manager.generate(request_id=uuid.uuid4().hex, prompt_ids=prompt_ids,
+                                                    sampling_params=sampling_params)
+        generated = list(output.token_ids)[: self.response_length]
+        logprobs = list(output.log_probs)[: len(generated)] if output.log_probs else None
+        text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        score = await asyncio.wrap_future(_Shared.scorer(self.settings).submit(task, text))
+        failed = score.reward is None
+        if failed:
+            logger.warning("warm-up reply for %s left out of training: %s", task.id, score.detail)
+            _Shared.count_harness_error()
+        ids, mask, logprobs = fit_response(generated, [1] * len(generated), logprobs, self.response_length, failed)
+        return AgentLoopOutput(
+            prompt_ids=prompt_ids, response_ids=ids, response_mask=mask, response_logprobs=logprobs,
+            reward_score=0.0 if failed else float(score.reward), num_turns=2, metrics=AgentLoopMetrics(),
+            extra_fields={"turn_scores": [], "tool_rewards": [], "cuda_agent": {"status": score.detail[:500]},
+                          "reward_extra_info": {"cuda_agent_harness_error": int(failed)}})
 
 
 def register(name: str = AGENT_NAME) -> type[CudaAgentLoop]:
