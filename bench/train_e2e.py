@@ -76,7 +76,7 @@ class Plan:
 
 
 GPU_PLAN = Plan(EXAMPLE_TASKS, (1.0, 0.5, 0.25), (0.125,), 4, 2, "small",
-                {"warmup": 4, "value": 4, "ppo": 16}, 6, 4, 40, 1e-4, None)
+                {"warmup": 3, "value": 3, "ppo": 10}, 4, 4, 40, 1e-4, None)
 SMOKE_PLAN = Plan(("relu",), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
                   {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 32)
 
