@@ -10,7 +10,8 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
-export C=${C:-/tmp/cuda-agent-gpu-validation} CUDA_AGENT_TEST_CACHE_DIR=${C}
+export C=${C:-/tmp/cuda-agent-gpu-validation}
+export CUDA_AGENT_TEST_CACHE_DIR=$C
 OUT=${OUT:-$PWD/gpu-validation-out}
 mkdir -p "$C" "$OUT"
 step=${1:?usage: environment_gpu_validation.sh safety|perf}

@@ -5,8 +5,10 @@ warm-up and agentic PPO on the CPU backend with real workdirs and the trusted ev
 from __future__ import annotations
 
 import json
+import sys
 
 import yaml
+from PIL import Image
 from typer.testing import CliRunner
 
 from cuda_agent.cli import app
@@ -71,8 +73,25 @@ def test_train_all_runs_the_four_stages_on_keypad_and_a_rerun_skips_them(keypad_
     assert (run / "ppo" / "tensorboard").is_dir() and (run / "ppo" / "rollouts" / "step-000002.jsonl").is_file()
     ppo_metrics = [json.loads(line) for line in (run / "ppo" / "metrics.jsonl").open()]
     assert all(row["rollout/generation_tokens_per_s"] > 0 and row["update/tokens_per_s"] > 0 for row in ppo_metrics)
+    assert all(row["episodes/harness_errors"] == 0 and 0 <= row["step/verdict_blocked_share"] < 1
+               and "actor/clip_fraction" in row for row in ppo_metrics)
     again = invoke("all", "--config", config, "--out", run, "--json")
     assert [s["already_done"] for s in json.loads(again.output.strip().splitlines()[-1])] == [True] * 4
+    plotted = invoke("plot", run)
+    assert plotted.exit_code == 0, plotted.output
+    with Image.open(run / "learning_curve.png") as image:  # reward, clip fraction, KL, critic and SFT loss panels
+        assert image.format == "PNG" and image.size[0] >= 600 and image.size[1] >= 5 * 200
+    assert invoke("plot", run / "ppo", "--out", tmp_path / "ppo.png").exit_code == 0
+    assert (tmp_path / "ppo.png").stat().st_size > 10_000
+
+
+def test_plot_without_metrics_or_without_matplotlib_exits_2_saying_what_to_do(tmp_path, monkeypatch):
+    result = invoke("plot", tmp_path)
+    assert result.exit_code == 2 and "no metrics.jsonl" in result.output
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 1.0}) + "\n")
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    result = invoke("plot", tmp_path)
+    assert result.exit_code == 2 and "pip install 'cuda-agent[train]'" in " ".join(result.output.split())
 
 
 def test_kernel_environment_warmup_and_ppo_on_the_cpu_backend(keypad_model, tmp_path, session_cache_dir):

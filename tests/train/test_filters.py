@@ -10,6 +10,7 @@ import pytest
 from cuda_agent.agent.policies.replay_policy import ReplayPolicy
 from cuda_agent.train.config import RFTFilterConfig, TrainConfigError
 from cuda_agent.train.filters import decide, filter_trajectories, invalid_calls
+from cuda_agent.train.rewards import harness_failure
 
 from keypad_support import keypad_environment, press
 
@@ -30,12 +31,25 @@ def test_rewards_of_keypad_episodes():
     assert episode(press("1"), press("2"), press("3")).reward == -1
 
 
-def test_filter_keeps_reward_two_and_above_only():
+def test_filter_keeps_positive_rewards_by_default():
     config = RFTFilterConfig()
     assert decide(episode(press("7")), config).kept
-    assert decide(episode(press("1"), press("7")), config).kept
-    low = decide(episode(press("1"), press("2"), press("7")), config)
+    assert decide(episode(press("1"), press("2"), press("7")), config).kept  # reward 1 > 0 (the paper's rule)
+    low = decide(episode(press("1"), press("2"), press("3")), config)
     assert not low.kept and low.reasons == ("low_reward",)
+    strict = decide(episode(press("1"), press("2"), press("7")), RFTFilterConfig(min_reward=2))
+    assert not strict.kept and strict.reasons == ("low_reward",)
+
+
+def test_harness_failures_are_dropped_whatever_the_threshold():
+    trajectory = episode(press("7"))
+    trajectory.final = {**trajectory.final, "verdict": {"status": "task_error"}}
+    assert harness_failure(trajectory) == "final verdict task_error"
+    decision = decide(trajectory, RFTFilterConfig(min_reward=-1))
+    assert not decision.kept and decision.reasons == ("harness_error",)
+    trajectory.final = {**trajectory.final, "reward": None, "verdict": None}
+    assert harness_failure(trajectory) == "no verdict on the final workdir"
+    assert harness_failure(episode(press("1"), press("2"), press("3"))) is None  # a real -1
 
 
 def test_unknown_tool_and_schema_violations_are_invalid_calls():

@@ -50,8 +50,8 @@ def test_critics_round_trip_through_their_folders(keypad_model, tmp_path):
 
 def test_kl_penalty_to_the_starting_policy_is_zero_before_the_first_update(keypad_model):
     models = ModelSet(ModelConfig(device="cpu", critic="shared"), keypad_model, keypad_model, reference=True)
-    learner = PPOLearner(models, PPOAlgorithmConfig(kl_coef=0.1), OptimConfig(lr=1e-2), OptimConfig(lr=1e-2),
-                         updates=2, temperature=1.0)
+    one_step = PPOAlgorithmConfig(kl_coef=0.1, epochs=1, minibatches=1)  # the first update's stats precede any step
+    learner = PPOLearner(models, one_step, OptimConfig(lr=1e-2), OptimConfig(lr=1e-2), updates=2, temperature=1.0)
     first = learner.update(learner.estimate(learner.score(ROWS), [1.0, -1.0]))
     assert abs(first["actor/kl_to_reference"]) < 1e-6 and abs(first["actor/approx_kl"]) < 1e-6
     second = learner.update(learner.estimate(learner.score(ROWS), [1.0, -1.0]))

@@ -13,7 +13,7 @@ from cuda_agent.train.stages import StageContext, StageError, run_stage
 
 from keypad_support import keypad_config
 
-_TIMINGS = ("seconds", "tokens_per_s", "step_s")
+_TIMINGS = ("seconds", "tokens_per_s", "step_s", "_share")  # _share: of a step's wall time
 
 
 def _metrics(folder):

@@ -27,12 +27,13 @@ def test_yaml_sections_become_typed_frozen_configs():
         config.ppo.steps = 4
 
 
-def test_paper_settings_are_the_defaults():
+def test_paper_settings_are_the_defaults_and_the_clip_can_act():
     config = TrainConfig()
     algorithm = config.ppo.algorithm
     assert (algorithm.gamma, algorithm.lam, algorithm.clip_low, algorithm.clip_high) == (1.0, 0.95, 0.2, 0.28)
     assert (config.ppo.actor_optim.lr, config.ppo.critic_optim.lr) == (3e-6, 6e-6)
-    assert config.rft.filter.min_reward == 2
+    assert config.rft.filter.min_reward == 1  # reward > 0
+    assert algorithm.epochs * algorithm.minibatches > 1  # one update per batch would keep the ratio at 1
 
 
 @pytest.mark.parametrize("data, message", [

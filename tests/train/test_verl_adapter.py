@@ -26,7 +26,7 @@ from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 from cuda_agent.agent.loop import initial_messages  # noqa: E402
 from cuda_agent.agent.text_protocol import render_for_text_model  # noqa: E402
 from cuda_agent.agent.tools import episode_tool_schemas  # noqa: E402
-from cuda_agent.environment import load_task  # noqa: E402
+from cuda_agent.environment import Task, load_task  # noqa: E402
 from cuda_agent.train.init_model import build_tokenizer, default_corpus  # noqa: E402
 from cuda_agent.train.verl.data import rl_rows  # noqa: E402
 from cuda_agent.train.verl.reward import close_pools, compute_score  # noqa: E402
@@ -72,9 +72,9 @@ def tokenizer():
     return build_tokenizer(default_corpus([(EXAMPLES / "tasks" / "relu.py").read_text()]), 1024)
 
 
-def _verl_config(tmp_path: Path, cache_dir: Path):
+def _verl_config(tmp_path: Path, cache_dir: Path, response_length: int = 16384):
     return OmegaConf.create({
-        "actor_rollout_ref": {"rollout": {"prompt_length": 8192, "response_length": 16384}},
+        "actor_rollout_ref": {"rollout": {"prompt_length": 8192, "response_length": response_length}},
         "data": {"apply_chat_template_kwargs": {}},
         "cuda_agent": {"device": "cpu", "evaluation_slots": 1,
                        "agent": {"max_turns": 6, "work_root": str(tmp_path)},
@@ -134,10 +134,80 @@ def test_agent_loop_returns_the_episode_with_a_correct_response_mask_and_reward(
     assert converted["response_mask"].sum().item() == len(generated)
 
 
+def _run(task, script, tokenizer, config):
+    row = rl_rows([task], "cpu", "agent")[0]
+    server = ScriptedServer(tokenizer, script)
+
+    async def episode():
+        loop = _agent_loop(config, server, tokenizer)
+        return await loop.run({"temperature": 1.0, "top_p": 1.0}, **{k: v for k, v in row.items() if k != "agent_name"})
+
+    return asyncio.run(episode()), server
+
+
+def test_an_episode_cut_after_tool_output_ends_on_its_last_generated_token_with_the_reward(tokenizer, tmp_path,
+                                                                                          session_cache_dir):
+    relu = load_task(EXAMPLES / "tasks" / "relu.py")
+    script = relu_script()
+    first_turn = len(tokenizer.encode(script[0], add_special_tokens=False)) + 1
+    # Room for the first turn only: its tool output is merged, then the next turn finds no room left.
+    output, server = _run(relu, script, tokenizer, _verl_config(tmp_path, session_cache_dir, first_turn + 8))
+    assert len(server.generated) == 1 and output.extra_fields["cuda_agent"]["end_reason"] == "policy_error"
+    assert output.response_ids == server.generated[0] and output.response_mask == [1] * first_turn
+    assert output.reward_score >= 1.0  # the written solution, scored on the final workdir
+    converted = output.as_dict()  # verl puts the reward on the last response token: a generated one
+    assert converted["response_mask"][-1].item() == 1 and float(converted["rm_scores"][-1]) == output.reward_score
+    assert output.extra_fields["reward_extra_info"] == {"cuda_agent_harness_error": 0}
+
+
+def test_a_harness_failure_is_masked_out_with_no_reward(tokenizer, tmp_path, session_cache_dir):
+    no_model = Task("no_model", "def get_inputs(): return []\ndef get_init_inputs(): return []\n", "<test>")
+    output, _ = _run(no_model, relu_script(), tokenizer, _verl_config(tmp_path, session_cache_dir))
+    assert output.extra_fields["cuda_agent"]["final"] == "final verdict task_error"  # the reference, not the policy
+    assert output.response_ids and set(output.response_mask) == {0} and output.reward_score == 0.0
+    assert output.extra_fields["reward_extra_info"] == {"cuda_agent_harness_error": 1}
+
+
+def test_single_turn_loop_scores_the_reply_and_masks_out_a_harness_failure(tokenizer, tmp_path, session_cache_dir):
+    solution = (EXAMPLES / "solutions" / "cpu" / "relu.py").read_text()
+    relu = load_task(EXAMPLES / "tasks" / "relu.py")
+    no_model = Task("no_model", "def get_inputs(): return []\ndef get_init_inputs(): return []\n", "<test>")
+    config = _verl_config(tmp_path, session_cache_dir)
+    config.cuda_agent.pool = {"workers": 1}
+
+    async def reply(task):
+        row = rl_rows([task], "cpu", "single_turn")[0]
+        server = ScriptedServer(tokenizer, [f"```python\n{solution}```"])
+        loop = hydra.utils.instantiate(
+            config=verl_agent_loop._agent_loop_registry["cuda_agent_single_turn"],
+            trainer_config=verl_agent_loop.DictConfigWrap(config=config), server_manager=server, tokenizer=tokenizer,
+            processor=None, hf_model_type=None, dataset_cls=RLHFDataset,
+            data_config=verl_agent_loop.DictConfigWrap(config.data), tools=verl_agent_loop.ToolListWrap([]))
+        output = await loop.run({"temperature": 1.0, "top_p": 1.0}, raw_prompt=row["prompt"],
+                                extra_info=row["extra_info"])
+        return output, server
+
+    for entry in OmegaConf.load(CONFIGS / "agent_loop.yaml"):
+        verl_agent_loop._agent_loop_registry[entry.name] = entry
+    try:
+        scored, server = asyncio.run(reply(relu))
+        failed, _ = asyncio.run(reply(no_model))
+    finally:
+        from cuda_agent.train.verl.agent_loop import _Shared
+
+        for scorer in _Shared.scorers.values():
+            scorer.pool.close()
+        _Shared.scorers.clear()
+    assert scored.response_ids == server.generated[0] and set(scored.response_mask) == {1}
+    assert scored.reward_score >= 1.0 and scored.extra_fields["reward_extra_info"] == {"cuda_agent_harness_error": 0}
+    assert set(failed.response_mask) == {0} and failed.reward_score == 0.0  # the reference failed: not trained on
+    assert failed.extra_fields["reward_extra_info"] == {"cuda_agent_harness_error": 1}
+
+
 def test_compute_score_scores_single_turn_responses_with_the_evaluator(session_cache_dir):
     relu = load_task(EXAMPLES / "tasks" / "relu.py")
     row = rl_rows([relu], "cpu", "single_turn")[0]
-    assert row["agent_name"] == "single_turn_agent" and "model.py" in row["prompt"][0]["content"]
+    assert row["agent_name"] == "cuda_agent_single_turn" and "model.py" in row["prompt"][0]["content"]
     evaluation = {"cache_dir": str(session_cache_dir),
                   "timing": {"budget_s": 0.3, "min_samples": 3, "warmup_calls": 1, "compile_baseline": False}}
     solution = (EXAMPLES / "solutions" / "cpu" / "relu.py").read_text()
@@ -204,6 +274,8 @@ def test_example_configs_compose_with_verls_config_and_set_only_keys_it_has(name
     if name == "warmup":
         assert composed.reward.custom_reward_function.path == "pkg://cuda_agent.train.verl.reward"
         assert composed.reward.custom_reward_function.reward_kwargs.device == "cuda"
+        assert composed.actor_rollout_ref.rollout.agent.default_agent_loop == "cuda_agent_single_turn"
+        assert composed.actor_rollout_ref.actor.ppo_epochs == 2
     else:
         assert composed.actor_rollout_ref.rollout.agent.default_agent_loop == "cuda_agent"
         assert composed.actor_rollout_ref.rollout.agent.agent_loop_config_path == "configs/verl/agent_loop.yaml"

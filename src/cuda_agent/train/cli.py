@@ -1,4 +1,4 @@
-"""``cuda-agent train warmup|rft|value|ppo|all`` and ``cuda-agent train init-model``."""
+"""``cuda-agent train warmup|rft|value|ppo|all``, ``init-model``, ``verl-data`` and ``plot``."""
 
 from __future__ import annotations
 
@@ -252,3 +252,20 @@ def verl_data(
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), out)
     console.print(f"wrote {len(rows)} rows to {out}")
+
+
+@train_app.command("plot")
+def plot(
+    run_dir: Path = typer.Argument(..., help="A stage's output folder, or a 'train all' folder."),
+    out: Optional[Path] = typer.Option(None, "--out", help="The PNG to write (default RUN_DIR/learning_curve.png)."),
+) -> None:
+    """Draw the learning curves (reward, clip fraction, KL, critic and SFT loss) from metrics.jsonl."""
+    from rich.markup import escape
+
+    from cuda_agent.train.plot import PlotError, plot_run
+
+    try:
+        written = plot_run(run_dir, out)
+    except PlotError as exc:
+        fail_usage(escape(str(exc)))  # the message names the extra in brackets, which rich would take as markup
+    console.print(f"wrote {written}")

@@ -139,9 +139,10 @@ class PPOAlgorithmConfig:
     """Weight of a KL penalty to the starting policy in the actor loss; 0 loads no reference model."""
     kl_estimator: str = "k3"
     """``k1`` (log-ratio) or ``k3`` (the low-variance, always non-negative estimator)."""
-    epochs: int = 1
-    """Passes over each step's rollouts."""
-    minibatches: int = 1
+    epochs: int = 2
+    """Passes over each step's rollouts. With more than one pass (or minibatch) the policy moves
+    away from the one that sampled, the ratio leaves 1 and the clip acts (``actor/clip_fraction``)."""
+    minibatches: int = 4
     """Optimizer steps per pass (the rollouts are split into this many shuffled minibatches)."""
     micro_batch_tokens: int = 16384
     """Gradient accumulation: a minibatch runs in micro-batches of at most this many (padded) tokens."""
@@ -303,8 +304,9 @@ class WarmupConfig(PPOConfig):
 class RFTFilterConfig:
     """Which sampled trajectories rejection fine-tuning keeps."""
 
-    min_reward: int = 2
-    """Keep trajectories whose final reward is at least this (2: faster than eager)."""
+    min_reward: int = 1
+    """Keep trajectories whose final reward is at least this (paper: reward > 0, i.e. 1: correct;
+    2: also faster than eager)."""
     max_repeats: int = 3
     """A loop: the same tool calls (names and arguments) in this many consecutive turns, or the
     same non-empty assistant text this many times in a row. Looping trajectories are dropped."""
@@ -339,7 +341,8 @@ class RFTConfig:
     micro_batch_tokens: int = 16384
     """Gradient accumulation: a batch runs in micro-batches of at most this many (padded) tokens."""
     max_seq_tokens: int = 32768
-    """Longer conversations are cut to this many tokens (the loss covers what remains)."""
+    """A kept trajectory with a training sequence longer than this is dropped whole (counted as
+    ``too_long`` in ``filter.json``): cutting it would remove its ending, which carries the outcome."""
     seed: int = 0
     """Seeds Python, NumPy and torch when the stage starts (a resumed run restores the saved generators instead)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

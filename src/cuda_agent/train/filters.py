@@ -2,6 +2,7 @@
 
 A trajectory is kept when all of these hold:
 
+- **a verdict**: its final scoring reached a verdict about the candidate (not a harness failure);
 - **reward**: its final reward (the trusted evaluator's) is at least ``min_reward``;
 - **no invalid tool call** (with ``drop_invalid_calls``): every call names a tool the episode
   offered, with arguments that parse as a JSON object matching that tool's schema (the check the
@@ -25,13 +26,16 @@ from cuda_agent.agent.base import ToolError
 from cuda_agent.agent.tools import check_arguments
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.train.config import RFTFilterConfig
+from cuda_agent.train.rewards import harness_failure
 
 
 @dataclass(frozen=True)
 class FilterDecision:
     kept: bool
     reasons: tuple[str, ...]
-    """Why it was dropped: ``low_reward``, ``invalid_tool_call``, ``repeated_tool_calls``, ``repeated_message``."""
+    """Why it was dropped: ``harness_error`` (no verdict on its outcome), ``low_reward``,
+    ``invalid_tool_call``, ``repeated_tool_calls``, ``repeated_message`` (and, counted by RFT
+    after filtering, ``too_long``)."""
     detail: str = ""
 
 
@@ -79,7 +83,11 @@ def decide(trajectory: Trajectory, config: RFTFilterConfig) -> FilterDecision:
     """Whether RFT keeps ``trajectory``, and why not."""
     reasons: list[str] = []
     details: list[str] = []
-    if trajectory.reward < config.min_reward:
+    failure = harness_failure(trajectory)
+    if failure is not None:
+        reasons.append("harness_error")
+        details.append(failure)
+    elif trajectory.reward < config.min_reward:
         reasons.append("low_reward")
         details.append(f"reward {trajectory.reward} < {config.min_reward}")
     if config.drop_invalid_calls:
@@ -109,6 +117,11 @@ class FilterReport:
         self.kept += decision.kept
         self.reasons.update(decision.reasons)
         self.reward_histogram[trajectory.reward] += 1
+
+    def drop(self, reason: str) -> None:
+        """Drop a trajectory the filter had kept, for ``reason`` (a check made after filtering)."""
+        self.kept -= 1
+        self.reasons[reason] += 1
 
     def to_dict(self) -> dict[str, Any]:
         return {"seen": self.seen, "kept": self.kept, "dropped": dict(self.reasons),

@@ -15,7 +15,8 @@ import re
 from concurrent.futures import Future
 from pathlib import Path
 
-from cuda_agent.environment import EvalConfig, Task, Verdict
+from cuda_agent.agent.trajectory import Trajectory
+from cuda_agent.environment import EvalConfig, Status, Task, Verdict
 from cuda_agent.pool import EvalJob, EvalPool, JobResult, SolutionFiles
 from cuda_agent.train.base import ResponseScore, resolved
 
@@ -32,12 +33,32 @@ def extract_solution(text: str) -> str | None:
     return text.strip() + "\n" if "class ModelNew" in text else None
 
 
+HARNESS_STATUSES = (Status.TASK_ERROR.value,)
+"""Verdict statuses that say nothing about the candidate (the reference itself failed)."""
+
+
 def score_from_result(result: JobResult) -> ResponseScore:
-    """The reward of a finished pool job (``None`` when the harness reached no verdict)."""
+    """The reward of a finished pool job (``None`` when the harness reached no verdict or the
+    verdict is about the harness, not the candidate)."""
     if not result.ok or result.verdict is None:
         return ResponseScore(None, f"no verdict: {result.error}")
     verdict = result.verdict
+    if verdict.status.value in HARNESS_STATUSES:
+        return ResponseScore(None, f"harness: {verdict.status.value}: {verdict.error or ''}".strip())
     return ResponseScore(float(verdict.reward), verdict.status.value)
+
+
+def harness_failure(trajectory: Trajectory) -> str | None:
+    """Why an episode's reward is not the policy's doing (its final scoring reached no verdict, or
+    a verdict about the harness, e.g. the reference failed), or ``None`` for a real reward. Both
+    trainers leave such episodes out of training instead of punishing the policy for them."""
+    final = trajectory.final
+    if final is None or final.get("reward") is None:
+        return "no verdict on the final workdir"
+    status = (final.get("verdict") or {}).get("status")
+    if status in HARNESS_STATUSES:
+        return f"final verdict {status}"
+    return None
 
 
 class PoolScorer:

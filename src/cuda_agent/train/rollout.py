@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from cuda_agent.agent.policies.hf_policy import Generation, HFConfig, HFPolicy
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.environment import Task
-from cuda_agent.train.base import Environment
+from cuda_agent.train.base import Environment, ResponseScore
 from cuda_agent.train.config import RolloutConfig
 from cuda_agent.train.models import ModelSet
 
@@ -105,10 +106,11 @@ def collect_episodes(environment: Environment, policy: HFPolicy, jobs: list[tupl
 
 @dataclass
 class ResponseRollout:
-    """Single-turn generations of one step, in job order."""
+    """Single-turn generations of one step, in job order, and their scores (in evaluation)."""
 
     tasks: list[Task]
     generations: list[Generation]
+    scores: list[Future[ResponseScore]]
     seconds: float
 
     @property
@@ -117,11 +119,16 @@ class ResponseRollout:
 
 
 def generate_responses(environment: Environment, policy: HFPolicy, tasks: list[Task], max_batch: int) -> ResponseRollout:
-    """One reply per task (repeat a task for several samples) to its single-turn prompt."""
+    """One reply per task (repeat a task for several samples) to its single-turn prompt, in batches
+    of ``max_batch``; each batch is sent for scoring as soon as it is generated, so the evaluator
+    scores batch k while batch k + 1 generates."""
     started = time.monotonic()
     policy.model.eval()
     prompts = [policy.prompt_ids(environment.single_turn_prompt(task), []) for task in tasks]
     generations: list[Generation] = []
+    scores: list[Future[ResponseScore]] = []
     for first in range(0, len(prompts), max_batch):
-        generations.extend(policy.generate_batch(prompts[first: first + max_batch]))
-    return ResponseRollout(tasks, generations, time.monotonic() - started)
+        batch = policy.generate_batch(prompts[first: first + max_batch])
+        scores.extend(environment.score_responses([(task, g.text) for task, g in zip(tasks[first:], batch)]))
+        generations.extend(batch)
+    return ResponseRollout(tasks, generations, scores, time.monotonic() - started)

@@ -43,9 +43,6 @@ class TokenRow:
     def policy_tokens(self) -> int:
         return sum(self.policy_mask)
 
-    def truncated(self, max_tokens: int) -> TokenRow:
-        return TokenRow(self.episode, self.ids[:max_tokens], self.policy_mask[:max_tokens])
-
 
 def rows_from_steps(trajectory: Trajectory, episode: int) -> list[TokenRow]:
     """The rows of an episode whose steps carry ``prompt_token_ids``/``completion_token_ids``.

@@ -16,7 +16,7 @@ from cuda_agent.train.checkpoint import Stateful
 from cuda_agent.train.config import OptimConfig
 from cuda_agent.train.models import ModelSet
 from cuda_agent.train.sequences import TokenRow, micro_batches, pad_rows
-from cuda_agent.train.trainer import ModuleState, make_optimizer, make_scheduler, optimizer_step
+from cuda_agent.train.trainer import ModuleState, PeakMemory, make_optimizer, make_scheduler, optimizer_step
 
 
 class SFTLearner:
@@ -41,6 +41,7 @@ class SFTLearner:
     def step(self, rows: list[TokenRow]) -> dict[str, float]:
         """One optimizer step on ``rows``; returns the loss and token counts."""
         self.models.train_mode(True)
+        memory = PeakMemory(self.models.device)
         started = time.monotonic()
         token_count = float(sum(r.policy_tokens for r in rows))
         lengths = [len(r.ids) for r in rows]
@@ -59,4 +60,4 @@ class SFTLearner:
         seconds = time.monotonic() - started
         return {"sft/loss": loss_sum, "sft/grad_norm": grad_norm, "sft/lr": self.scheduler.get_last_lr()[0],
                 "sft/policy_tokens": token_count, "sft/tokens": float(sum(lengths)), "sft/seconds": seconds,
-                "sft/tokens_per_s": sum(lengths) / max(seconds, 1e-9)}
+                "sft/tokens_per_s": sum(lengths) / max(seconds, 1e-9), **memory.metrics()}

@@ -74,6 +74,20 @@ class ModuleState:
         load_trainable_state(self.module, state)
 
 
+class PeakMemory:
+    """The peak GPU memory of one step: reset when the step starts, read when it ends (nothing on CPU)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+
+    def metrics(self) -> dict[str, float]:
+        if self.device.type != "cuda":
+            return {}
+        return {"gpu/peak_memory_gb": torch.cuda.max_memory_allocated(self.device) / 2**30}
+
+
 def make_optimizer(parameters: Iterable[torch.nn.Parameter], config: OptimConfig) -> torch.optim.AdamW | None:
     """AdamW over the parameters that require grad; ``None`` when there are none."""
     trainable = [p for p in parameters if p.requires_grad]

@@ -124,7 +124,8 @@ class HFPolicy(Policy):
         return len(self.tokenizer.encode(text, add_special_tokens=False)) + 8 * len(messages)
 
     def generate_batch(self, prompts: list[tuple[int, ...]]) -> list[Generation]:
-        """Generate one completion per prompt (token ids) in one padded batch."""
+        """Generate one completion per prompt (token ids) in one padded batch, decoding with a KV
+        cache (a trainer's actor may have turned the cache off for its training passes)."""
         torch, tok, cfg = self._torch, self.tokenizer, self.config
         width = max(len(p) for p in prompts)
         input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
@@ -136,7 +137,7 @@ class HFPolicy(Policy):
         with torch.no_grad(), autocast:
             output = self.model.generate(input_ids=input_ids.to(cfg.device), attention_mask=attention.to(cfg.device),
                                          max_new_tokens=cfg.max_new_tokens, pad_token_id=tok.pad_token_id,
-                                         eos_token_id=tok.eos_token_id, **sampling)
+                                         eos_token_id=tok.eos_token_id, use_cache=True, **sampling)
         generations = []
         for prompt, row in zip(prompts, output[:, width:].tolist()):
             stop = row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)

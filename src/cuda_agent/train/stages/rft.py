@@ -12,16 +12,17 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 from cuda_agent.agent.trajectory import Trajectory, append_trajectory, read_trajectories
 from cuda_agent.train.checkpoint import seed_everything
 from cuda_agent.train.config import RFTConfig
 from cuda_agent.train.environments import make_environment
-from cuda_agent.train.filters import filter_trajectories
+from cuda_agent.train.filters import FilterReport, filter_trajectories
 from cuda_agent.train.metrics import read_metrics
 from cuda_agent.train.models import ModelSet
 from cuda_agent.train.rollout import collect_episodes, training_policy
-from cuda_agent.train.sequences import trajectory_rows
+from cuda_agent.train.sequences import TokenRow, trajectory_rows
 from cuda_agent.train.sft import SFTLearner
 from cuda_agent.train.stages.common import (
     ACTOR_DIR, StageContext, StageError, StageRecord, StageResult, stage_settings,
@@ -79,6 +80,23 @@ def gather_trajectories(context: StageContext, record: StageRecord, models: Mode
     return trajectories
 
 
+def training_rows(kept: list[Trajectory], tokenizer: Any, max_seq_tokens: int,
+                  report: FilterReport) -> tuple[list[Trajectory], list[TokenRow]]:
+    """The kept trajectories that fit and their rows with policy tokens. A trajectory with a row
+    longer than ``max_seq_tokens`` is dropped whole (``too_long`` in ``report``): cutting the row
+    would remove its ending, the turns that reached the outcome being imitated."""
+    fitting: list[Trajectory] = []
+    rows: list[TokenRow] = []
+    for trajectory in kept:
+        own = trajectory_rows(trajectory, len(fitting), tokenizer)
+        if any(len(row.ids) > max_seq_tokens for row in own):
+            report.drop("too_long")
+            continue
+        fitting.append(trajectory)
+        rows.extend(row for row in own if row.policy_tokens > 0 and len(row.ids) > 1)
+    return fitting, rows
+
+
 def run_rft(context: StageContext) -> StageResult:
     """Rejection fine-tuning of the previous stage's actor (or ``model.path``); hands on ``actor/``."""
     config, section = context.config, context.config.rft
@@ -92,6 +110,7 @@ def run_rft(context: StageContext) -> StageResult:
     seed_everything(section.seed)
     models = ModelSet(config.model, actor, None, train_actor=True)
     kept, report = filter_trajectories(gather_trajectories(context, record, models, section), section.filter)
+    kept, rows = training_rows(kept, models.tokenizer, section.max_seq_tokens, report)
     _write_jsonl(context.out_dir / KEPT_FILE, kept)
     (context.out_dir / FILTER_FILE).write_text(json.dumps(report.to_dict(), indent=2) + "\n")
     if len(kept) < section.min_kept:
@@ -100,9 +119,6 @@ def run_rft(context: StageContext) -> StageResult:
                              f"rft.min_kept={section.min_kept} (dropped: {report.to_dict()['dropped']}); add "
                              "recorded trajectories (rft.trajectories), sample more, or relax rft.filter, then run again "
                              f"with another --out folder ({context.out_dir} keeps the settings it was started with)")
-    rows = [row.truncated(section.max_seq_tokens) for index, t in enumerate(kept)
-            for row in trajectory_rows(t, index, models.tokenizer)]
-    rows = [row for row in rows if row.policy_tokens > 0 and len(row.ids) > 1]
     steps = max(1, math.ceil(section.epochs * len(rows) / section.batch_size))
     learner = SFTLearner(models, section.optim, steps, section.micro_batch_tokens)
     order = TaskSampler(len(rows), section.seed)

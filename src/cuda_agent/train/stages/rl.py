@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.train.base import Environment
 from cuda_agent.train.checkpoint import seed_everything
@@ -26,7 +24,7 @@ from cuda_agent.train.sequences import TokenRow
 from cuda_agent.train.stages.common import (
     ACTOR_DIR, CRITIC_DIR, StageContext, StageRecord, StageResult, stage_settings,
 )
-from cuda_agent.train.trainer import TaskSampler, TrainingLoop
+from cuda_agent.train.trainer import PeakMemory, TaskSampler, TrainingLoop
 
 ROLLOUTS_DIR = "rollouts"
 REWARD_LEVELS = (-1, 1, 2, 3)
@@ -75,17 +73,18 @@ def reward_metrics(rewards: list[float | None]) -> dict[str, float]:
 
 def train_step(run: RLRun, learner: PPOLearner, rollout: Callable[[RLRun, int], Rollout], number: int) -> dict[str, float]:
     """One step: rollout, score (while the rewards are evaluated), GAE, update; its metrics."""
-    device = run.models.device
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    memory = PeakMemory(run.models.device)
+    step_started = time.monotonic()
     sample = rollout(run, number)
     started = time.monotonic()
     scored = learner.score(sample.rows)
     score_s = time.monotonic() - started
     rewards = sample.rewards()
+    blocked_s = time.monotonic() - started - score_s
     batch = learner.estimate(scored, rewards)
     metrics = {**sample.metrics, **reward_metrics(rewards), "score/seconds": score_s,
-               "score/tokens_per_s": scored.tokens / max(score_s, 1e-9)}
+               "score/tokens_per_s": scored.tokens / max(score_s, 1e-9), "step/verdict_blocked_seconds": blocked_s}
+    metrics["episodes/harness_errors"] = metrics["episodes/unscored"] + sample.metrics.get("rollout/failures", 0.0)
     if batch.rows:
         epochs = learner.algorithm.epochs
         started = time.monotonic()
@@ -94,8 +93,8 @@ def train_step(run: RLRun, learner: PPOLearner, rollout: Callable[[RLRun, int], 
         metrics.update({"update/seconds": update_s, "update/tokens": float(batch.tokens * epochs),
                         "update/tokens_per_s": batch.tokens * epochs / max(update_s, 1e-9),
                         "critic/explained_variance": batch.explained_variance()})
-    if device.type == "cuda":
-        metrics["gpu/peak_memory_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    metrics["step/verdict_blocked_share"] = blocked_s / max(time.monotonic() - step_started, 1e-9)
+    metrics.update(memory.metrics())
     return metrics
 
 

@@ -10,7 +10,7 @@ from cuda_agent.agent.trajectory import Trajectory, read_trajectories
 from cuda_agent.train.environments import make_environment
 from cuda_agent.train.sequences import trajectory_rows
 from cuda_agent.train.stages.common import StageContext, StageError, StageResult
-from cuda_agent.train.stages.ppo import episode_rollout
+from cuda_agent.train.stages.ppo import episode_rewards, episode_rollout
 from cuda_agent.train.stages.rl import RLRun, Rollout, run_rl_stage
 
 
@@ -20,7 +20,7 @@ def recorded_rollout(trajectories: list[Trajectory]) -> Callable[[RLRun, int], R
     def rollout(run: RLRun, step: int) -> Rollout:
         chosen = [trajectories[i] for i in run.sampler.take(run.section.rollout.episodes_per_step)]
         rows = [row for index, t in enumerate(chosen) for row in trajectory_rows(t, index, run.models.tokenizer)]
-        rewards = [float(t.reward) for t in chosen]
+        rewards = episode_rewards(chosen)
         return Rollout(rows, lambda: rewards, {"rollout/rows": float(len(rows))})
 
     return rollout

@@ -12,18 +12,18 @@ from cuda_agent.train.stages.rl import RLRun, Rollout, run_rl_stage
 
 
 def response_rollout(run: RLRun, step: int) -> Rollout:
-    """``tasks_per_step`` tasks, ``samples_per_task`` responses each, all submitted for scoring at once."""
+    """``tasks_per_step`` tasks, ``samples_per_task`` responses each, each generated batch sent for
+    scoring at once (scored while the next batch generates and the trainer scores the rows)."""
     rollout, environment = run.section.rollout, run.environment
     tasks = [environment.tasks[i] for i in run.sampler.take(rollout.tasks_per_step)
              for _ in range(rollout.samples_per_task)]
     responses = generate_responses(environment, run.policy, tasks, rollout.max_batch)
-    futures = environment.score_responses([(task, g.text) for task, g in zip(tasks, responses.generations)])
     rows = [generation_row(i, g.prompt_ids, g.completion_ids) for i, g in enumerate(responses.generations)]
     metrics = {"rollout/seconds": responses.seconds, "rollout/generated_tokens": float(responses.generated_tokens),
                "rollout/tokens_per_s": responses.generated_tokens / max(responses.seconds, 1e-9),
                "rollout/response_tokens_mean": responses.generated_tokens / max(len(tasks), 1),
                **run.policy.take_generation_metrics()}
-    return Rollout(rows, lambda: [future.result().reward for future in futures], metrics)
+    return Rollout(rows, lambda: [future.result().reward for future in responses.scores], metrics)
 
 
 def run_warmup(context: StageContext) -> StageResult:

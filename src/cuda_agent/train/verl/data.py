@@ -2,7 +2,7 @@
 
 RL rows (verl's PPO trainer, ``data.train_files``): ``data_source`` (``cuda_agent``), ``prompt``
 (the chat messages: the agent's first two for ``agent`` rows, the warm-up prompt for
-``single_turn`` rows), ``agent_name`` (``cuda_agent`` or ``single_turn_agent``), ``reward_model``
+``single_turn`` rows), ``agent_name`` (``cuda_agent`` or ``cuda_agent_single_turn``), ``reward_model``
 (``{"style": "rule", "ground_truth": ""}``) and ``extra_info`` (``task_id``, ``task_code``,
 ``index``). SFT rows (verl's SFT trainer, RFT on a cluster): ``messages``, each kept trajectory
 rendered as the local policy sees it (the text tool protocol).
@@ -17,7 +17,7 @@ from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.environment import Task
 
 DATA_SOURCE = "cuda_agent"
-AGENT_LOOPS = {"agent": "cuda_agent", "single_turn": "single_turn_agent"}
+AGENT_LOOPS = {"agent": "cuda_agent", "single_turn": "cuda_agent_single_turn"}
 
 
 def task_from_row(extra_info: Any) -> Task:

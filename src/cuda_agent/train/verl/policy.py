@@ -92,3 +92,21 @@ class VerlServerPolicy(Policy):
     @property
     def response_ids(self) -> list[int]:
         return self.token_ids[self.prompt_length:]
+
+
+def fit_response(ids: list[int], mask: list[int], logprobs: list[float] | None, length: int,
+                 exclude: bool) -> tuple[list[int], list[int], list[float] | None]:
+    """An episode's response as verl should train on it.
+
+    verl puts the episode's reward on the last response token it attends to, and its GAE ignores
+    rewards on masked positions; so the response is cut to ``length`` tokens and then to end at
+    its last generated (mask 1) token: tool output after the last generation carries no action to
+    credit, and a reward placed on it would be lost. With ``exclude`` (a harness failure: no
+    verdict) the mask is all 0, so the episode adds nothing to any loss.
+    """
+    ids, mask = ids[:length], mask[:length]
+    logprobs = logprobs[:length] if logprobs is not None else None
+    if exclude:
+        return ids, [0] * len(mask), logprobs
+    end = max((i + 1 for i, m in enumerate(mask) if m), default=len(mask))
+    return ids[:end], mask[:end], logprobs[:end] if logprobs is not None else None

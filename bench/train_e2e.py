@@ -1,0 +1,420 @@
+"""End to end: the staged recipe on the real kernel environment, with a small random model (issue 16).
+
+A random model never writes a correct kernel by chance, so the run is bootstrapped the way the
+recipe intends: recorded successful trajectories seed RFT. Each invocation runs the next
+unfinished step within ``--budget-s`` (default 540 s) and exits; run it again until it prints
+``all steps done`` (every step resumes where the previous invocation stopped):
+
+1. ``prepare``: the training tasks (the bundled examples and size variants of them synthesised
+   here: the same operators with other module-level sizes), the held-out tasks (other size
+   variants, and on CUDA tasks of the synth sample), a random model whose tokenizer is trained on
+   the tasks, solutions and prompts, and a few dozen episodes of the replay policy writing the
+   bundled honest solution and finishing, scored by the real evaluator (``replays.jsonl``; the
+   recording resumes per episode);
+2. ``warmup``, ``rft`` (the sampled episodes plus the recorded ones), ``value`` and ``ppo``:
+   ``cuda-agent train``'s stages in ``stages/<name>`` (a stage stopped by the budget resumes
+   from its checkpoint);
+3. ``heldout``: the PPO actor's episodes on the held-out tasks.
+
+After every step ``bench/results/train_e2e_<device>.json`` (``--results``) is rewritten: an object
+``stages`` with, for warmup, rft, value and ppo, ``mean_reward_first`` and ``mean_reward_last``
+(mean reward of the stage's first and last steps, a quarter of its steps each), ``pass_rate``
+(share of its episodes with reward > 0), ``clip_fraction``, ``kl`` (mean approximate KL of
+sampling to updated policy), ``gen_tokens_per_s``, ``update_tokens_per_s``, ``peak_gpu_gb`` (null
+where a key does not apply), plus the held-out reward and the figure of merit (PPO's last steps
+against its first). ``--smoke`` shrinks everything to a CPU-sized mechanical check.
+
+    python bench/train_e2e.py --out runs/e2e                      # repeat until "all steps done"
+    python bench/train_e2e.py --out runs/e2e-smoke --smoke --device cpu
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from benchlib import EXAMPLES, REPO, SMOKE_TIMING, machine_details, sample_solution, write_json  # noqa: E402
+
+STAGES = ("warmup", "rft", "value", "ppo")
+STEPS = ("prepare", *STAGES, "heldout")
+EXAMPLE_TASKS = ("relu", "row_sum", "softmax", "add_relu_mul", "matmul", "rmsnorm")
+SYNTH_SAMPLE = EXAMPLES / "data" / "synth-h100-sample" / "tasks.parquet"
+SIZE_CONSTANT = re.compile(r"^([A-Za-z_]\w*) = (\d+)$", re.MULTILINE)
+OPENINGS = ("I will write a fused kernel and finish.", "Writing the kernel in model_new.py, then finishing.",
+            "A custom kernel for this module:")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The sizes of one run (``--smoke``: a mechanical CPU check; otherwise the GPU run)."""
+
+    tasks: tuple[str, ...]
+    train_scales: tuple[float, ...]
+    """Size variants of every task for training (1.0: the bundled task itself)."""
+    heldout_scales: tuple[float, ...]
+    synth_heldout: int
+    """Tasks of the synth sample added to the held-out set (CUDA only: its tasks were filtered on a GPU)."""
+    episodes_per_task: int
+    model_size: str
+    steps: dict[str, int]
+    tasks_per_step: int
+    samples_per_task: int
+    rft_epochs: int
+    lr: float
+    max_new_tokens: int | None
+    """Tokens per turn; None: room for the longest recorded reply (a model that learned it can repeat it)."""
+
+
+GPU_PLAN = Plan(EXAMPLE_TASKS, (1.0, 0.5, 0.25), (0.125,), 4, 2, "small",
+                {"warmup": 3, "value": 3, "ppo": 10}, 4, 4, 40, 1e-4, None)
+SMOKE_PLAN = Plan(("relu",), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
+                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 32)
+
+
+def scaled_task(code: str, scale: float) -> str:
+    """``code`` with every module-level integer size constant (``batch_size = 1024``) scaled."""
+    return SIZE_CONSTANT.sub(lambda m: f"{m.group(1)} = {max(1, round(int(m.group(2)) * scale))}", code)
+
+
+def write_tasks(out: Path, plan: Plan, device: str) -> dict[str, list[str]]:
+    """``tasks/train/*.py`` and ``tasks/heldout/*.py``; returns the ids of each set."""
+    sets: dict[str, list[str]] = {"train": [], "heldout": []}
+    for name, scales in (("train", plan.train_scales), ("heldout", plan.heldout_scales)):
+        folder = out / "tasks" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        for task in plan.tasks:
+            code = (EXAMPLES / "tasks" / f"{task}.py").read_text()
+            for scale in scales:
+                task_id = task if scale == 1.0 else f"{task}_x{scale:g}".replace(".", "p")
+                (folder / f"{task_id}.py").write_text(scaled_task(code, scale))
+                sets[name].append(task_id)
+    if device == "cuda" and plan.synth_heldout:
+        import pyarrow.parquet as pq
+
+        for row in pq.read_table(SYNTH_SAMPLE).to_pylist()[: plan.synth_heldout]:
+            (out / "tasks" / "heldout" / f"synth_{row['id'][:12]}.py").write_text(row["code"])
+            sets["heldout"].append(f"synth_{row['id'][:12]}")
+    return sets
+
+
+def solution_of(task_id: str, device: str) -> Path:
+    return sample_solution(device, task_id.split("_x")[0], "single")
+
+
+def replay_turn(task_id: str, device: str, sample: int) -> dict[str, Any]:
+    """The recorded reply: write the bundled honest solution as ``model_new.py`` and finish."""
+    source = solution_of(task_id, device).read_text()
+    return {"content": OPENINGS[sample % len(OPENINGS)],
+            "tool_calls": [{"function": {"name": "write_file", "arguments": {"path": "model_new.py", "content": source}}},
+                           {"function": {"name": "finish", "arguments": {"summary": "a custom kernel"}}}]}
+
+
+def train_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, max_new_tokens: int,
+                 window_tokens: int, smoke: bool) -> dict[str, Any]:
+    """The training YAML: non-paper learning rates and sizes (a random model, minutes per stage)."""
+    rollout = {"tasks_per_step": plan.tasks_per_step, "samples_per_task": plan.samples_per_task,
+               "max_new_tokens": max_new_tokens, "max_batch": 32, "concurrency": 32,
+               "evaluation_slots": 1, "temperature": 1.0}  # one evaluation at a time per GPU: undisturbed timing
+    tensorboard = not smoke
+    config: dict[str, Any] = {
+        "environment": {"name": "cuda", "tasks": str(out / "tasks" / "train")},
+        "model": {"path": str(out / "model"), "critic": "separate",
+                  "precision": "bf16-mixed" if device == "cuda" else "fp32"},
+        "device": device,
+        "agent": {"max_turns": 2, "max_idle_replies": 1, "wall_clock_s": 600,
+                  "context": {"window_tokens": window_tokens, "reply_tokens": max_new_tokens}},
+        "warmup": {"steps": plan.steps["warmup"], "rollout": rollout, "actor_optim": {"lr": plan.lr},
+                   "critic_optim": {"lr": plan.lr}, "checkpoint": {"every_steps": 2}, "tensorboard": tensorboard},
+        "rft": {"trajectories": [str(out / "replays.jsonl")], "rollout": rollout, "epochs": plan.rft_epochs,
+                "batch_size": 8, "optim": {"lr": 1e-3}, "tensorboard": tensorboard,
+                "checkpoint": {"every_steps": 20}},
+        "value": {"steps": plan.steps["value"], "rollout": rollout, "critic_optim": {"lr": 1e-4},
+                  "checkpoint": {"every_steps": 2}, "tensorboard": tensorboard},
+        "ppo": {"steps": plan.steps["ppo"], "rollout": rollout, "actor_optim": {"lr": plan.lr},
+                "critic_optim": {"lr": 1e-4}, "checkpoint": {"every_steps": 2}, "tensorboard": tensorboard},
+    }
+    if cache_dir is not None:
+        config["cache_dir"] = str(cache_dir)
+    config["timing"] = {"budget_s": 2.0}  # per timed candidate (default 5 s): more episodes per minute
+    if smoke:
+        config["timing"] = {"budget_s": SMOKE_TIMING.budget_s, "min_samples": SMOKE_TIMING.min_samples,
+                            "warmup_calls": SMOKE_TIMING.warmup_calls, "warmup_ms": SMOKE_TIMING.warmup_ms,
+                            "compile_baseline": SMOKE_TIMING.compile_baseline}
+    return config
+
+
+def prepare(out: Path, plan: Plan, device: str, cache_dir: Path | None, smoke: bool, deadline: float) -> bool:
+    """Tasks, model, config, then the recorded episodes (resumable per episode); True when complete."""
+    import yaml
+
+    from cuda_agent.train.init_model import default_corpus, init_random_model
+
+    state_path = out / "prepare.json"
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    if "tasks" not in state:
+        state["tasks"] = write_tasks(out, plan, device)
+        sources = [(out / "tasks" / name / f"{t}.py").read_text() for name in ("train", "heldout")
+                   for t in state["tasks"][name]]
+        solutions = [solution_of(t, device).read_text() for t in plan.tasks]
+        turns = [json.dumps(replay_turn(t, device, 0)) for t in plan.tasks]
+        init_random_model(out / "model", plan.model_size, default_corpus(sources + solutions * 4 + turns), seed=0,
+                          max_positions=32768)
+        reply = plan.max_new_tokens or _reply_tokens(out / "model", [replay_turn(t, device, 0) for t in plan.tasks])
+        prompt = _prompt_tokens(out / "model", out / "tasks" / "train", device)
+        state.update(max_new_tokens=reply, window_tokens=(prompt + 3 * reply + 512) // 1024 * 1024 + 1024)
+        (out / "train.yaml").write_text(yaml.safe_dump(
+            train_config(out, plan, device, cache_dir, reply, state["window_tokens"], smoke)))
+        state_path.write_text(json.dumps(state, indent=2))
+    return record_replays(out, plan, device, deadline)
+
+
+def _reply_tokens(model: Path, turns: list[dict[str, Any]]) -> int:
+    """Room for the longest recorded reply as the text protocol renders it (rounded up to 128)."""
+    from transformers import AutoTokenizer
+
+    from cuda_agent.agent.text_protocol import render_for_text_model
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    longest = 0
+    for turn in turns:
+        calls = [{"id": f"c{i}", "type": "function", "function": {"name": c["function"]["name"],
+                                                                  "arguments": json.dumps(c["function"]["arguments"])}}
+                 for i, c in enumerate(turn["tool_calls"])]
+        rendered = render_for_text_model([{"role": "assistant", "content": turn["content"], "tool_calls": calls}], [])
+        longest = max(longest, len(tokenizer.encode(rendered[-1]["content"])))
+    return (int(longest * 1.25) // 128 + 1) * 128
+
+
+def _prompt_tokens(model: Path, tasks: Path, device: str) -> int:
+    """The longest first prompt (system prompt, tools, task) of the tasks in ``tasks``."""
+    from transformers import AutoTokenizer
+
+    from cuda_agent.agent.loop import initial_messages
+    from cuda_agent.agent.text_protocol import render_for_text_model
+    from cuda_agent.agent.tools import episode_tool_schemas
+    from cuda_agent.environment import load_task
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    longest = 0
+    for path in sorted(tasks.glob("*.py")):
+        messages = render_for_text_model(initial_messages(load_task(path), device), episode_tool_schemas())
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        longest = max(longest, len(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    return longest
+
+
+def record_replays(out: Path, plan: Plan, device: str, deadline: float) -> bool:
+    """Episodes of the replay policy on every training task, scored by the real evaluator,
+    appended to ``replays.jsonl`` as they finish; episodes already there are not run again."""
+    from cuda_agent.agent.policies.replay_policy import ReplayPolicy
+    from cuda_agent.agent.trajectory import append_trajectory, read_trajectories
+    from cuda_agent.train.cli import load_config
+    from cuda_agent.train.environments import make_environment
+
+    path = out / "replays.jsonl"
+    done = {t.episode_id for t in read_trajectories(path)} if path.is_file() else set()
+    config = load_config(out / "train.yaml", None, None, None)
+    environment = make_environment(config, config.ppo.rollout.evaluation_slots)
+    jobs = [(task, sample) for task in environment.tasks for sample in range(plan.episodes_per_task)
+            if f"replay-{task.id}-s{sample}" not in done]
+
+    async def main() -> None:
+        await environment.start()
+        slots = asyncio.Semaphore(config.ppo.rollout.evaluation_slots * 2)
+
+        async def one(task, sample: int) -> None:
+            async with slots:
+                if time.monotonic() > deadline:
+                    return
+                policy = ReplayPolicy([replay_turn(task.id, device, sample)], f"bundled solution of {task.id}")
+                trajectory = await environment.episode(task, policy, f"replay-{task.id}-s{sample}", sample)
+                append_trajectory(path, trajectory)
+                print(f"recorded {trajectory.episode_id}: reward {trajectory.reward}", flush=True)
+
+        try:
+            await asyncio.gather(*(one(task, sample) for task, sample in jobs))
+        finally:
+            await environment.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        environment.close()
+    recorded = list(read_trajectories(path)) if path.is_file() else []
+    return len(recorded) >= len(environment.tasks) * plan.episodes_per_task
+
+
+def run_stage(out: Path, name: str, deadline: float) -> bool:
+    """Run or resume stage ``name`` until it completes or ``deadline`` passes; True when completed."""
+    from cuda_agent.train.cli import load_config
+    from cuda_agent.train.stages import StageContext, StageOutput
+    from cuda_agent.train.stages import run_stage as run_training_stage
+
+    config = load_config(out / "train.yaml", None, None, None)
+    previous = StageOutput.read(out / "stages" / STAGES[STAGES.index(name) - 1]) if name != "warmup" else None
+    progress = (lambda stage, step, steps, metrics: print(
+        f"{stage} {step}/{steps}: " + ", ".join(f"{k} {v:.3g}" for k, v in metrics.items()
+                                                if k in ("reward/mean", "actor/clip_fraction", "sft/loss",
+                                                         "critic/loss") and v is not None), flush=True))
+    result = run_training_stage(name, StageContext(config, out / "stages" / name, previous, progress, None, deadline))
+    return result.completed
+
+
+def heldout(out: Path, device: str) -> bool:
+    """The PPO actor's episodes on the held-out tasks (one per task), written to ``heldout.jsonl``."""
+    from cuda_agent.agent.policies.hf_policy import HFConfig, HFPolicy
+    from cuda_agent.agent.trajectory import append_trajectory
+    from cuda_agent.train.cli import load_config
+    from cuda_agent.train.environments import make_environment
+    from cuda_agent.train.rollout import collect_episodes
+    from cuda_agent.train.stages import StageOutput
+
+    config = load_config(out / "train.yaml", None, out / "tasks" / "heldout", None)
+    actor = StageOutput.read(out / "stages" / "ppo").actor
+    rollout = config.ppo.rollout
+    environment = make_environment(config, rollout.evaluation_slots)
+    try:
+        policy = HFPolicy(HFConfig(model_path=actor, device=device, max_new_tokens=rollout.max_new_tokens,
+                                   temperature=rollout.temperature, max_batch=rollout.max_batch,
+                                   autocast="bfloat16" if device == "cuda" else None))
+        episodes = collect_episodes(environment, policy, [(task, 0) for task in environment.tasks],
+                                    rollout.concurrency, "heldout")
+    finally:
+        environment.close()
+    path = out / "heldout.jsonl"
+    path.unlink(missing_ok=True)
+    for trajectory in episodes.trajectories:
+        append_trajectory(path, trajectory)
+    return True
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
+    """The per-stage keys of the results JSON from the stage's metrics (null where they do not apply)."""
+    from cuda_agent.train.metrics import read_metrics
+
+    rows = read_metrics(folder)
+    if not rows:
+        return None
+    series = (lambda key: [r[key] for r in rows if isinstance(r.get(key), (int, float))])
+    rewards = series("reward/mean")
+    quarter = max(1, len(rewards) // 4)
+    positive = sum(sum(r.get(f"reward/count_{level}", 0) for level in (1, 2, 3)) for r in rows)
+    scored = sum(r.get("episodes", 0) - r.get("episodes/unscored", 0) for r in rows)
+    pass_rate = positive / scored if scored else None
+    if name == "rft" and (folder / "filter.json").is_file():
+        histogram = json.loads((folder / "filter.json").read_text())["reward_histogram"]
+        total = sum(histogram.values())
+        pass_rate = sum(n for r, n in histogram.items() if float(r) > 0) / total if total else None
+    peak = series("gpu/peak_memory_gb")
+    gen = series("rollout/generation_tokens_per_s")
+    update = series("update/tokens_per_s") or series("sft/tokens_per_s")
+    record = json.loads((folder / "stage.json").read_text()) if (folder / "stage.json").is_file() else {}
+    return {"mean_reward_first": _mean(rewards[:quarter]), "mean_reward_last": _mean(rewards[-quarter:]),
+            "pass_rate": pass_rate, "clip_fraction": _mean(series("actor/clip_fraction")),
+            "kl": _mean(series("actor/approx_kl")), "gen_tokens_per_s": statistics.median(gen) if gen else None,
+            "update_tokens_per_s": statistics.median(update) if update else None,
+            "peak_gpu_gb": max(peak) if peak else None, "steps": len(rows), "status": record.get("status"),
+            "verdict_wait_share": _mean(series("rollout/verdict_wait_share")),
+            "verdict_blocked_share": _mean(series("step/verdict_blocked_share")),
+            "harness_errors": sum(series("episodes/harness_errors")),
+            "sft_loss_first": _mean(series("sft/loss")[:quarter]) if name == "rft" else None,
+            "sft_loss_last": _mean(series("sft/loss")[-quarter:]) if name == "rft" else None}
+
+
+def results(out: Path, plan: Plan, smoke: bool, steps_done: list[str], wall: dict[str, float]) -> dict[str, Any]:
+    from cuda_agent.agent.trajectory import read_trajectories
+
+    stages = {name: stage_summary(out / "stages" / name, name) for name in STAGES}
+    replays = list(read_trajectories(out / "replays.jsonl")) if (out / "replays.jsonl").is_file() else []
+    held = list(read_trajectories(out / "heldout.jsonl")) if (out / "heldout.jsonl").is_file() else []
+    ppo = stages["ppo"] or {}
+    first, last = ppo.get("mean_reward_first"), ppo.get("mean_reward_last")
+    return {
+        "machine": machine_details(), "smoke": smoke, "plan": plan.__dict__, "steps_done": steps_done,
+        "step_wall_s": wall, "stages": stages,
+        "recorded": {"episodes": len(replays), "successful": sum(t.reward > 0 for t in replays),
+                     "rewards": {str(r): sum(t.reward == r for t in replays) for r in (-1, 1, 2, 3)}},
+        "figure_of_merit": {"ppo_mean_reward_first": first, "ppo_mean_reward_last": last,
+                            "improved": None if first is None or last is None else last > first},
+        "heldout": {"episodes": len(held), "mean_reward": _mean([float(t.reward) for t in held]),
+                    "pass_rate": _mean([float(t.reward > 0) for t in held]),
+                    "per_task": {t.task_id: t.reward for t in held}} if held else None,
+    }
+
+
+def device_tag(device: str) -> str:
+    """``h100``, ``h200``, ... from the GPU's name; ``cpu`` on the CPU backend."""
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    match = re.search(r"\b([A-Z]\d{2,4}[A-Z]?)\b", torch.cuda.get_device_name())
+    return match.group(1).lower() if match else "gpu"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/train-e2e"), help="The run folder (resumed).")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default=None, help="Default: cuda when visible.")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="Wall-clock budget of this invocation.")
+    parser.add_argument("--smoke", action="store_true", help="Tiny sizes: a mechanical check of the pipeline.")
+    parser.add_argument("--cache-dir", type=Path, default=None, help="The evaluator's build cache (shared).")
+    parser.add_argument("--results", type=Path, default=None,
+                        help="Default: bench/results/train_e2e_<device>.json (smoke: <out>/train_e2e.json).")
+    args = parser.parse_args(argv)
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    plan = SMOKE_PLAN if args.smoke else GPU_PLAN
+    args.out.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + args.budget_s
+    progress_path = args.out / "progress.json"
+    progress = json.loads(progress_path.read_text()) if progress_path.is_file() else {"done": [], "wall_s": {}}
+    if progress.get("smoke", args.smoke) != args.smoke or progress.get("device", device) != device:
+        raise SystemExit(f"{args.out}: holds a run with smoke={progress['smoke']} on {progress['device']}; "
+                         "use another --out")
+    progress.update(smoke=args.smoke, device=device)
+    for step in STEPS:
+        if step in progress["done"]:
+            continue
+        if time.monotonic() >= deadline:
+            break
+        started = time.monotonic()
+        print(f"== {step}", flush=True)
+        if step == "prepare":
+            finished = prepare(args.out, plan, device, args.cache_dir, args.smoke, deadline)
+        elif step == "heldout":
+            finished = heldout(args.out, device)
+        else:
+            finished = run_stage(args.out, step, deadline)
+        progress["wall_s"][step] = progress["wall_s"].get(step, 0.0) + time.monotonic() - started
+        if finished:
+            progress["done"].append(step)
+        progress_path.write_text(json.dumps(progress, indent=2))
+        if not finished:
+            break
+    summary = results(args.out, plan, args.smoke, progress["done"], progress["wall_s"])
+    target = args.results or (args.out / "train_e2e.json" if args.smoke else
+                              REPO / "bench" / "results" / f"train_e2e_{device_tag(device)}.json")
+    write_json(summary, target)
+    remaining = [s for s in STEPS if s not in progress["done"]]
+    print(f"wrote {target}; " + ("all steps done" if not remaining else f"next: {remaining[0]} (run again)"), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

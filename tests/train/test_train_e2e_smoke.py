@@ -1,0 +1,53 @@
+"""``bench/train_e2e.py --smoke`` on the CPU backend (and, marked ``gpu``, on CUDA): the bootstrap
+path end to end (replayed solutions scored by the real evaluator, warm-up, RFT, value
+pre-training, PPO, held-out episodes) in resumable invocations, and the results JSON with every
+stage's keys."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import pytest
+
+from support import REPO_ROOT
+
+KEYS = ("mean_reward_first", "mean_reward_last", "pass_rate", "clip_fraction", "kl", "gen_tokens_per_s",
+        "update_tokens_per_s", "peak_gpu_gb")
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("train_e2e", REPO_ROOT / "bench" / "train_e2e.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_smoke_run_resumes_step_by_step_and_reports_every_stage(device, tmp_path, session_cache_dir, capsys):
+    bench = _bench()
+    args = ["--out", str(tmp_path / "run"), "--smoke", "--device", device, "--cache-dir", str(session_cache_dir)]
+    assert bench.main([*args, "--budget-s", "0"]) == 0  # a spent budget: nothing runs, the JSON says so
+    assert json.loads((tmp_path / "run" / "train_e2e.json").read_text())["steps_done"] == []
+    bench.main([*args, "--budget-s", "1"])  # the model and tasks are made, then the budget stops the recording
+    assert "next: prepare (run again)" in capsys.readouterr().out
+    assert (tmp_path / "run" / "prepare.json").is_file() and not (tmp_path / "run" / "replays.jsonl").exists()
+    for _ in range(len(bench.STEPS)):
+        bench.main([*args, "--budget-s", "3000"])
+        if "all steps done" in capsys.readouterr().out:
+            break
+    result = json.loads((tmp_path / "run" / "train_e2e.json").read_text())
+    assert result["steps_done"] == list(bench.STEPS)
+    assert result["recorded"]["successful"] == result["recorded"]["episodes"] >= 1  # the bundled solutions pass
+    for name in bench.STAGES:
+        assert set(KEYS) <= set(result["stages"][name]), name
+        peak = result["stages"][name]["peak_gpu_gb"]
+        assert peak is None if device == "cpu" else peak > 0, (name, peak)
+    stages = result["stages"]
+    assert stages["rft"]["pass_rate"] > 0 and stages["rft"]["update_tokens_per_s"] > 0
+    assert stages["rft"]["mean_reward_first"] is None and stages["value"]["clip_fraction"] is None
+    assert stages["ppo"]["clip_fraction"] is not None and stages["ppo"]["gen_tokens_per_s"] > 0
+    assert stages["ppo"]["mean_reward_first"] is not None and result["figure_of_merit"]["improved"] is not None
+    assert result["heldout"]["episodes"] == len(result["heldout"]["per_task"]) >= 1
