@@ -46,6 +46,14 @@ class Caught:
 
 
 @dataclass(frozen=True)
+class CaughtAnyOf:
+    """The evaluation ends as one of ``outcomes``: a cheat whose trigger depends on timing can be
+    caught by either layer, depending on how fast the machine runs the trials."""
+
+    outcomes: tuple[Caught, ...]
+
+
+@dataclass(frozen=True)
 class Missed:
     """The defence that should catch the cheat does not exist or does not hold (xfail, strict)."""
 
@@ -162,7 +170,8 @@ ROWS = [
         Caught(GV, ("output-reused",))),
     Row("cached_first_result", "relu", "returning a cached tensor", (), Caught(INCORRECT)),
     Row("lazy_when_busy", "relu", "call-pattern detection (verify vs timing)", (),
-        Caught(GV, ("timed-output-incorrect",))),
+        # The trials are pipelined: on a fast machine they, too, come less than 1 ms apart.
+        CaughtAnyOf((Caught(GV, ("timed-output-incorrect",)), Caught(INCORRECT)))),
     # -- analytical and partial shortcuts -----------------------------------------------------------
     Row("first_rows_only", "row_sum", "partial computation", (), Caught(INCORRECT)),
     Row("nonneg_identity_shortcut", "relu_nonneg", "analytical shortcut (task structure)", (), Caught(INCORRECT)),
@@ -212,7 +221,7 @@ def _codes(verdict) -> list[str]:
     return [v.code for v in verdict.violations]
 
 
-def _assert_outcome(verdict, expected: Caught | Missed) -> None:
+def _assert_outcome(verdict, expected: Caught | CaughtAnyOf | Missed) -> None:
     """The cheat earns nothing: reward -1, with the expected status and violation codes."""
     detail = (f"{verdict.status.value}, reward {verdict.reward}, codes {_codes(verdict)}, "
               f"speed-up {verdict.speedup_vs_eager}, error: {verdict.error}")
@@ -221,6 +230,8 @@ def _assert_outcome(verdict, expected: Caught | Missed) -> None:
     if isinstance(expected, Caught):
         assert verdict.status is expected.status, detail
         assert set(expected.codes) <= set(_codes(verdict)), detail
+    if isinstance(expected, CaughtAnyOf):
+        assert any(verdict.status is o.status and set(o.codes) <= set(_codes(verdict)) for o in expected.outcomes), detail
 
 
 def _task(row: Row) -> Path:
