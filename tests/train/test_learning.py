@@ -15,7 +15,7 @@ from cuda_agent.train.stages import StageContext, run_stage
 
 from keypad_support import keypad_config
 
-STEPS = 16
+STEPS = 12
 
 
 def _ppo_run(warm, out, actor_lr: float) -> list[dict[str, float]]:
