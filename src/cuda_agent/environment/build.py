@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import platform
-import re
 import shutil
 import signal
 import subprocess
@@ -23,6 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cuda_agent.environment.compiler import compiler_was_killed
 from cuda_agent.environment.build_sandbox import BuildPlace, SolutionTooLarge, open_place, prepare_precompiled_headers
 from cuda_agent.environment.config import BuildConfig, Device, SandboxConfig
 from cuda_agent.environment.solution import Solution
@@ -43,13 +43,6 @@ BUILD_PATH_VERSION = "lean-2"
 INFRA_RETRIES = 2
 """Further tries of a build whose compiler or build process was killed from outside (the kernel's
 OOM killer, an operator): such a failure says nothing about the sources, so it is never cached."""
-_KILLED_COMPILER = re.compile(
-    r"^(?:\S*/)?(?:c\+\+|g\+\+|gcc|cc|clang\+\+|[\w.-]+-g\+\+(?:-\d+)?): fatal error: Killed signal terminated program"
-    r"|^nvcc error\s*: '\w+' died due to signal 9|failed \(exit -9\):$", re.M)
-"""A compiler killed by SIGKILL, as gcc's driver, nvcc or our own compile step report it; each
-pattern anchors on text the toolchain prints at a line start, which a source's ``#error`` cannot."""
-
-
 class CompileError(RuntimeError):
     """The candidate did not compile (or its build timed out); ``log_tail`` holds compiler output.
     ``infrastructure``: the build was killed from outside on every try, not the candidate's fault."""
@@ -201,7 +194,7 @@ def _run_compile_child(place: BuildPlace, device: Device, config: BuildConfig, b
     result = _read_result(place.result_path)
     if result is not None and result.get("compile_error"):
         log_tail = _tail(str(result["compile_error"]), config.log_tail_lines)
-        if _KILLED_COMPILER.search(str(result["compile_error"])):
+        if compiler_was_killed(str(result["compile_error"])):
             raise CompileError("the compiler was killed (out of memory, or by an operator)", log_tail,
                                infrastructure=True)
         (build_dir / BUILD_FAILED_FILE).write_text(json.dumps({"message": "compilation failed", "log_tail": log_tail}))

@@ -41,6 +41,19 @@ _INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.MULTILINE)
 _HEADER_SUFFIXES = (".h", ".hpp", ".cuh", ".hh", ".inl")
 
 
+_KILLED_COMPILER = re.compile(
+    r"^(?:\S*/)?(?:c\+\+|g\+\+|gcc|cc|clang\+\+|[\w.-]+-g\+\+(?:-\d+)?): fatal error: Killed signal terminated program"
+    r"|^nvcc error\s*: '\w+' died due to signal 9|failed \(exit -9\):$", re.M)
+"""A compiler killed by SIGKILL, as gcc's driver, nvcc or our own compile step report it; each
+pattern anchors on text the toolchain prints at a line start, which a source's ``#error`` cannot."""
+
+
+def compiler_was_killed(output: str) -> bool:
+    """Whether compiler output says the compiler was killed from outside (the OOM killer, an
+    operator): a failure that says nothing about the sources."""
+    return _KILLED_COMPILER.search(output) is not None
+
+
 class BuildFailed(RuntimeError):
     """A compiler or the linker failed; the message holds its command and output."""
 

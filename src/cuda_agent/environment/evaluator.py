@@ -87,7 +87,7 @@ class _Evaluation:
 
     # -- driver --------------------------------------------------------------------------------
     def run(self) -> Verdict:
-        started = time.monotonic()
+        started = self._phase_started
         try:
             self._run_phases()
             self.verdict.status = Status.CORRECT
@@ -97,8 +97,7 @@ class _Evaluation:
             self._begin("teardown")
             if self.slot is not None:
                 self.slot.close()
-            self._begin("")
-            self.verdict.phase_seconds["total"] = time.monotonic() - started
+            self.verdict.phase_seconds["total"] = self._begin("") - started  # the same clock reads as the phases
         self.verdict.correct = self.verdict.status is Status.CORRECT
         self.verdict.reward = 0 if self.verdict.status is Status.INFRA_ERROR else milestone_reward(
             self.verdict.correct, self.verdict.speedup_vs_eager, self.verdict.speedup_vs_compile,
@@ -148,11 +147,12 @@ class _Evaluation:
         """While timing: no prestarted slot initialises its device context."""
         return self.prestarted.quiet_device() if self.prestarted is not None else contextlib.nullcontext()
 
-    def _begin(self, name: str) -> None:
-        """End the running phase (its seconds go to ``phase_seconds``) and start ``name``."""
+    def _begin(self, name: str) -> float:
+        """End the running phase (its seconds go to ``phase_seconds``) and start ``name`` now (returned)."""
         now = time.monotonic()
         self.verdict.phase_seconds[self._phase_name] = now - self._phase_started
         self._phase_name, self._phase_started = name, now
+        return now
 
     # -- phases --------------------------------------------------------------------------------
     @property

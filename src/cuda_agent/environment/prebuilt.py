@@ -9,7 +9,8 @@ arguments differ from the built one (sources generated differently at run time) 
 Calls the lean path does not support (``is_python_module=False``, SYCL, ...) go to torch's builder
 in both processes, as before, and so does a call the lean path fails to build for any reason other
 than a compiler diagnostic in the candidate's own source (which torch's builder, compiling the same
-text with the same flags, would report too): whatever torch's builder accepts, the build accepts.
+text with the same flags, would report too) or a killed compiler (an infrastructure fault the build
+retries): whatever torch's builder accepts, the build accepts.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
-from cuda_agent.environment.compiler import BuildFailed, ExtensionCompiler, Unit
+from cuda_agent.environment.compiler import BuildFailed, ExtensionCompiler, Unit, compiler_was_killed
 
 logger = logging.getLogger(__name__)
 
@@ -99,8 +100,9 @@ class LeanBuilders:
                 try:
                     module = self._build(kind, arguments)
                 except BuildFailed as exc:
-                    if _diagnosed_in_candidate_source(str(exc), self.extensions_dir / arguments["name"], arguments):
-                        raise
+                    if compiler_was_killed(str(exc)) or _diagnosed_in_candidate_source(
+                            str(exc), self.extensions_dir / arguments["name"], arguments):
+                        raise  # killed: an infrastructure fault, retried by the build; diagnosed: the candidate's
                     reason = f"the lean path failed ({str(exc).splitlines()[0]})"
                     logger.info("%s: %s; building with torch's builder", arguments["name"], reason)
             if module is None:

@@ -260,12 +260,10 @@ def plot(
     out: Optional[Path] = typer.Option(None, "--out", help="The PNG to write (default RUN_DIR/learning_curve.png)."),
 ) -> None:
     """Draw the learning curves (reward, clip fraction, KL, critic and SFT loss) from metrics.jsonl."""
-    from rich.markup import escape
-
     from cuda_agent.train.plot import PlotError, plot_run
 
     try:
         written = plot_run(run_dir, out)
     except PlotError as exc:
-        fail_usage(escape(str(exc)))  # the message names the extra in brackets, which rich would take as markup
+        fail_usage(str(exc))
     console.print(f"wrote {written}")
