@@ -22,7 +22,7 @@ from typing import Iterator
 
 from cuda_agent.environment import sandbox
 from cuda_agent.environment.config import EvalConfig
-from cuda_agent.environment.worker import WorkerError, WorkerProcess, child_env
+from cuda_agent.environment.worker import WorkerProcess, child_env
 
 logger = logging.getLogger(__name__)
 
