@@ -6,6 +6,10 @@ is a cache hit for every later evaluation, in-process or through the CLI (``CUDA
 Set ``CUDA_AGENT_TEST_CACHE_DIR`` to keep that cache between local runs.
 
 Tests marked ``gpu`` are skipped cleanly when ``torch.cuda.is_available()`` is False.
+
+Set ``CUDA_AGENT_TEST_FAILURE_LOG`` to a file to have each failure's report appended to it as soon
+as the test fails (with ``-n``, pytest prints them only at the end: a run stopped by a time limit
+would otherwise name its failures and show none of them).
 """
 
 from __future__ import annotations
@@ -186,6 +190,13 @@ def record_seconds(request: pytest.FixtureRequest) -> Callable[[str, float, str]
         _RECOVERY_SECONDS[f"{request.node.nodeid} {label}"] = (seconds, outcome)
 
     return record
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    log = os.environ.get("CUDA_AGENT_TEST_FAILURE_LOG")
+    if log and report.failed:
+        with open(log, "a") as out:
+            out.write(f"==== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n{report.longreprtext}\n\n")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.environment.config import LimitsConfig
-from cuda_agent.environment.sandbox import Lease
 from cuda_agent.environment.worker import (
     ForgedReply, RemoteError, WorkerDied, WorkerMemoryExceeded, WorkerProcess, WorkerProtocolError, WorkerTimeout,
     child_env, signal_name,
@@ -168,13 +166,18 @@ def test_memory_blow_up_is_worker_memory_exceeded(start_worker) -> None:
     assert_gone(worker)
 
 
-def test_address_space_limit_makes_large_allocations_fail_inside_the_worker(start_worker, tmp_path: Path) -> None:
-    unsandboxed = Lease(uid=None, isolate_network=False)
-    worker = start_worker(preexec=unsandboxed.preexec(LimitsConfig(mem_mb=512), limit_address_space=True,
-                                                      workdir=tmp_path))
+def test_address_space_cap_makes_large_allocations_fail_inside_the_worker(start_worker) -> None:
+    """The cap counts from what the worker has mapped (here it has imported nothing big); past it an
+    allocation fails inside the worker, and the worker cannot lift the cap again."""
+    worker = start_worker()
+    worker.request({"op": "cap_address_space", "mb": 512}, timeout_s=30)
+    worker.request({"op": "allocate", "mb": 256}, timeout_s=30)
     with pytest.raises(RemoteError) as info:
-        worker.request({"op": "grow_memory", "mb": 2048}, timeout_s=30)
+        worker.request({"op": "allocate", "mb": 2048}, timeout_s=30)
     assert info.value.error_type == "MemoryError"
+    with pytest.raises(RemoteError) as info:
+        worker.request({"op": "lift_address_space_cap"}, timeout_s=30)
+    assert info.value.error_type in ("ValueError", "PermissionError")
     worker.close()
 
 

@@ -404,8 +404,10 @@ def test_cuda_cheat_on_a_gpu(row: Row, make_config, run_evaluation) -> None:
 @pytest.mark.parametrize("row", [pytest.param(r, id=r.id, marks=pytest.mark.gpu) for r in ROWS if r.cuda])
 def test_cuda_cheat_gains_nothing_with_the_static_guards_off(row: Row, make_config, run_evaluation) -> None:
     """Untested on CPU CI: with the static guards off, side-stream work is either rejected at runtime
-    or timed in full (the end event is recorded after a device-wide sync), so it earns no speed-up
-    over eager beyond what the same kernel on the current stream would (the work *is* eager's ReLU)."""
+    (as deferred work, or as wrong output when a trial's outputs are read before the side stream has
+    written them) or timed in full (the end event is recorded after a device-wide sync), so it earns
+    no speed-up over eager beyond what the same kernel on the current stream would (the work *is*
+    eager's ReLU)."""
     import torch
 
     arch = ".".join(map(str, torch.cuda.get_device_capability()))
@@ -413,7 +415,7 @@ def test_cuda_cheat_gains_nothing_with_the_static_guards_off(row: Row, make_conf
                                      guards=GuardConfig(enabled=False))
     verdict = run_evaluation(_task(row), row.fixture, config)
     if verdict.reward == -1:
-        assert verdict.status is GV, f"{verdict.status.value}: {verdict.error}"
+        assert verdict.status in (GV, Status.INCORRECT), f"{verdict.status.value}: {verdict.error}"
     else:
         assert verdict.speedup_vs_eager is not None and verdict.speedup_vs_eager < 1.5, (
             f"side-stream ReLU reported {verdict.speedup_vs_eager:.3g}x over eager ReLU: timing missed its work")

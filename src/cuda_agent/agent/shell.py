@@ -65,7 +65,7 @@ class SandboxedShell:
         self.path_prefix = path_prefix
         """A folder searched before ``$PATH`` (the paper workdir style's ``sudo`` shim)."""
         self.lease = sandbox.acquire(sandbox_config, "cpu", episode_root)
-        self._preexec = self.lease.preexec(limits, limit_address_space=False, workdir=home) \
+        self._preexec = self.lease.preexec(limits, workdir=home) \
             if self.lease.uid is not None else _own_session
         self.background_sessions: set[int] = set()
         """Session ids of running background shells (spared by the per-command kill)."""

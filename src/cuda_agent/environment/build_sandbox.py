@@ -136,7 +136,7 @@ def _in_private_folder(solution: Solution, private: Path, lease: sandbox.Lease) 
     limits = LimitsConfig()
     env = {"HOME": str(work), "TMPDIR": str(work), "USER": _BUILD_USER, "LOGNAME": _BUILD_USER}
     return BuildPlace(moved_solution, out / "ext", out / "result.json", private / "spec.json", work,
-                      lease.preexec(limits, limit_address_space=False, workdir=work), env, lease, private)
+                      lease.preexec(limits, workdir=work), env, lease, private)
 
 
 def _copy_regular_files(source: Path, target: Path, mode: int | None) -> None:

@@ -27,7 +27,7 @@ from cuda_agent.environment.loading import (
 )
 from cuda_agent.environment.solution import EXTENSION_NAME
 from cuda_agent.environment.timing import FreshInputs, make_timer, measure
-from cuda_agent.environment.worker import serve, warm_device
+from cuda_agent.environment.worker import cap_address_space, serve, warm_device
 
 DEFERRED_WORK_WAIT_S = 0.05
 """How long outputs must stay unchanged after forward() returned and the device was synchronised."""
@@ -65,6 +65,7 @@ class CandidateWorker:
         warm_device(msg)
         with torch.no_grad(), recorded_aten_ops():
             torch.ones(2, device=msg["device"]).add_(1)
+        torch.ones(1 << 18).add_(1)  # large enough to start the CPU thread pool (its stacks) before any cap
         return {}
 
     def _tampering(self) -> list[dict[str, str]]:
@@ -75,6 +76,8 @@ class CandidateWorker:
                  "message": f"candidate code replaced harness functions: {', '.join(changed)}"}]
 
     def load(self, msg: dict[str, Any]) -> dict[str, Any]:
+        if msg.get("address_space_mb"):
+            cap_address_space(msg["address_space_mb"])
         self.device = msg["device"]
         if self.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")

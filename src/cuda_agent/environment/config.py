@@ -207,7 +207,9 @@ class LimitsConfig:
     timing_timeout_s: float = 120.0
     """Limit for the candidate's timing loop (its budget plus slack)."""
     mem_mb: int = 16384
-    """Resident-memory limit of the candidate process; on the CPU backend also its address space."""
+    """Resident-memory limit of the candidate process. On the CPU backend its address space is also
+    capped before the candidate is loaded, at what is mapped then plus the part of this limit not
+    yet resident, so a huge allocation fails inside the candidate (``MemoryError``)."""
     max_processes: int = 4096
     """``RLIMIT_NPROC`` of the sandboxed candidate: processes *and threads* of its sandbox user (a fork
     bomb stops here). Only enforced when the sandbox switches to an unprivileged user."""

@@ -282,6 +282,8 @@ class _Evaluation:
             "task_file": str(self.task_file), "solution_file": str(self.candidate_model_file),
             "layout": built.solution.layout.value, "extensions_dir": str(self.slot.extensions_dir),
             "device": self.config.device, "init_seed": self.config.verify.init_seed,
+            # on CUDA device memory is not address space (a context maps far more than it holds)
+            "address_space_mb": self.config.limits.mem_mb if self.config.device == "cpu" else None,
         }, self.config.limits.candidate_timeout_s)
         self.verdict.notes.extend(reply.get("notes", []))
 

@@ -2,7 +2,8 @@
 
 Running as root, each evaluation leases a *slot* ``i`` and runs its candidate worker as uid
 ``uid_base + i`` (no passwd entry is needed), in a fresh network namespace, under
-``RLIMIT_NPROC``/``RLIMIT_FSIZE``/``RLIMIT_CPU`` (and ``RLIMIT_AS`` on the CPU backend). Because no
+``RLIMIT_NPROC``/``RLIMIT_FSIZE``/``RLIMIT_CPU`` (on the CPU backend the candidate worker also caps
+its own address space before it loads candidate code: :func:`worker.cap_address_space`). Because no
 two evaluations share a uid, everything the candidate started — including daemons that left its
 process group — is found and killed by uid when the evaluation ends. Files the candidate may write
 are the ones the evaluator hands to that uid; the task, the inputs and every cache stay root-owned.
@@ -74,7 +75,7 @@ class Lease:
         for item in [path, *(path.rglob("*") if path.is_dir() else ())]:
             os.chown(item, self.uid, self.uid, follow_symlinks=False)
 
-    def preexec(self, limits: LimitsConfig, limit_address_space: bool, workdir: Path) -> Callable[[], None]:
+    def preexec(self, limits: LimitsConfig, workdir: Path) -> Callable[[], None]:
         """The function the candidate's child runs between fork and exec (as root when switching).
         In the sandbox ``workdir`` becomes a private tmpfs of ``limits.disk_mb``: a hard quota."""
         uid, isolate = self.uid, self.isolate_network
@@ -83,15 +84,12 @@ class Lease:
                  for directory, relatives in self.views]
         if uid is not None:
             views.append((str(workdir), [], f"size={limits.disk_mb}m,mode=700,uid={uid},gid={uid}"))
-        address_space = limits.mem_mb * 1024 * 1024 if limit_address_space else None
         file_bytes = limits.max_file_mb * 1024 * 1024
 
         def enter() -> None:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
             resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
             resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
-            if address_space is not None:
-                resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
             if uid is None:
                 die_with_parent()
                 return

@@ -87,7 +87,7 @@ class WorkerSlot:
         env = child_env({"TORCH_CUDA_ARCH_LIST": config.build.cuda_arch, "HOME": str(workdir),
                          "TMPDIR": str(workdir), "TORCH_EXTENSIONS_DIR": str(self.extensions_dir),
                          "USER": user, "LOGNAME": user})
-        preexec = self.lease.preexec(config.limits, limit_address_space=config.device == "cpu", workdir=workdir)
+        preexec = self.lease.preexec(config.limits, workdir=workdir)
         self.candidate = WorkerProcess(
             "cuda_agent.environment.candidate_worker", env=env, cwd=workdir,
             log_path=self.scratch / "candidate.log", mem_mb=config.limits.mem_mb, preexec=preexec,

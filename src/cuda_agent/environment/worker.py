@@ -319,6 +319,24 @@ def _rss_mb(pid: int) -> float | None:
     return None
 
 
+def cap_address_space(limit_mb: int) -> None:
+    """Worker side: let the address space grow only by the part of ``limit_mb`` that resident
+    memory does not use yet (what is mapped now plus ``limit_mb`` minus the resident size).
+
+    Called before untrusted code is loaded, so the cap does not charge it for what is mapped but
+    not resident (a CUDA build of torch maps several GB of libraries; started thread pools reserve
+    stacks and malloc arenas), while an allocation that would take the process past ``limit_mb``
+    resident fails inside it (``MemoryError``) before the parent's resident-memory watchdog has to
+    kill it. The hard limit is lowered too, so the code loaded after cannot raise it again."""
+    import resource
+
+    with open("/proc/self/status") as status:
+        fields = dict(line.split(":", 1) for line in status if ":" in line)
+    mapped, resident = (int(fields[key].split()[0]) * 1024 for key in ("VmSize", "VmRSS"))
+    cap = mapped + max(limit_mb * 2**20 - resident, 64 * 2**20)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+
+
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
