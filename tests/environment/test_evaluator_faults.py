@@ -292,8 +292,9 @@ def _open_fds() -> int:
 def test_many_honest_evaluations_in_a_row_all_succeed_and_leak_nothing(run_evaluation, fault_solution, make_config,
                                                                       scratch_dir: Path, record_seconds) -> None:
     """Runs last in this module, in the process that ran the faults above, through the fast path:
-    each evaluation takes workers a ``Prestarter`` started while the previous one ran. After each,
-    only the next slot's two blank workers may be alive; after the prestarter is closed, no child
+    each evaluation takes workers a ``Prestarter`` started while the ones before ran (on a host with
+    cores to spare, two slots warming side by side, as a CUDA pool worker keeps them). After each,
+    only the next slots' blank workers may be alive; after the prestarter is closed, no child
     process, scratch file, open file descriptor or thread may be left. CUDA_AGENT_FAULT_HONEST_RUNS
     sets the count."""
     runs = int(os.environ.get("CUDA_AGENT_FAULT_HONEST_RUNS", "100"))
@@ -302,12 +303,13 @@ def test_many_honest_evaluations_in_a_row_all_succeed_and_leak_nothing(run_evalu
     fds, threads = _open_fds(), threading.active_count()
     task = load_task(SMALL_RELU_TASK)
     started = time.monotonic()
-    with Prestarter(config) as prestarted:
+    slots = 2 if (os.cpu_count() or 1) >= 8 else 1  # on 2 cores a second slot only competes for them
+    with Prestarter(config, count=slots) as prestarted:
         for run in range(runs):
             verdict = evaluate(task, solution, config, prestarted=prestarted)
             assert verdict.status is Status.CORRECT and verdict.reward >= 1, f"run {run}: {verdict.error}"
             assert verdict.environment["prestarted"], f"run {run} started its own workers"
-            assert len(child_pids()) <= 2, f"run {run} left workers behind"
+            assert len(child_pids()) <= 2 * slots, f"run {run} left workers behind"
     record_seconds(f"{runs} honest evaluations (prestarted workers)", time.monotonic() - started, "correct")
     assert child_pids() == []
     assert list(scratch_dir.iterdir()) == []
