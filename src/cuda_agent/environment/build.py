@@ -36,7 +36,7 @@ BUILD_FAILED_FILE = "BUILD_FAILED.json"
 """Written when the compiler rejected the sources: the same sources and toolchain fail the same way,
 so a later build of that key (a pool's compile stage, then its evaluation; a resubmitted candidate)
 reports the recorded error at once instead of compiling again. Timeouts are never recorded."""
-BUILD_PATH_VERSION = "lean-2"
+BUILD_PATH_VERSION = "lean-3"
 """Changes whenever the build child's compile path does (part of every build key)."""
 
 
