@@ -1,4 +1,5 @@
-"""Agent-workdir CPU solution for tasks/relu.py; the kernel lives in kernels/relu.cpp."""
+"""Agent-workdir CPU solution for tasks/relu.py in the fast contract: kernels/relu.cpp exports the
+launcher ``relu_forward``; the harness's shim passes it the tensors."""
 
 import torch
 import torch.nn as nn
@@ -11,4 +12,7 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return cuda_extension.relu_forward(x.contiguous())
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        cuda_extension.relu_forward(x, out)
+        return out
