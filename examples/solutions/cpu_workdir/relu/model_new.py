@@ -12,7 +12,4 @@ class ModelNew(nn.Module):
         super().__init__()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.contiguous()
-        out = torch.empty_like(x)
-        cuda_extension.relu_forward(x, out)
-        return out
+        return cuda_extension.relu_forward(x.contiguous())

@@ -8,8 +8,9 @@
  *
  * model_new.py calls it as cuda_extension.NAME(arg0, arg1, ...) with tensors, ints, floats and
  * bools; the harness's pre-built shim describes them in call->args, in order, and passes the
- * current CUDA stream of the tensors' device. Launchers allocate nothing for the caller: outputs
- * are tensors the caller made (torch.empty_like) and the launcher writes.
+ * current CUDA stream of the tensors' device. A launcher makes its outputs with
+ * cuda_agent_output (new tensors on that device, returned to Python in order: none -> None, one ->
+ * the tensor, more -> a tuple), or writes into tensors it was passed.
  */
 #ifndef CUDA_AGENT_LAUNCHER_H
 #define CUDA_AGENT_LAUNCHER_H
@@ -20,6 +21,7 @@
 
 #define CUDA_AGENT_MAX_DIMS 8
 #define CUDA_AGENT_MAX_ARGS 64
+#define CUDA_AGENT_MAX_OUTPUTS 8
 
 enum cuda_agent_kind { CUDA_AGENT_TENSOR = 0, CUDA_AGENT_INT = 1, CUDA_AGENT_FLOAT = 2 };
 
@@ -47,6 +49,9 @@ typedef struct cuda_agent_call {
     int32_t nargs;
     int32_t device;  /* the tensors' CUDA device, or -1 (CPU tensors, or none) */
     void* stream;    /* that device's current cudaStream_t; NULL on the CPU */
+    /* The shim's allocator behind cuda_agent_output, and its state. */
+    int (*allocate)(struct cuda_agent_call* call, int32_t dtype, int32_t ndim, const int64_t* sizes, void** data);
+    void* shim;
     char error[512]; /* a launcher that returns non-zero says why here */
 } cuda_agent_call;
 
@@ -85,6 +90,14 @@ static inline int cuda_agent_expect_tensor(cuda_agent_call* call, int32_t index,
         expected *= a->sizes[d];
     }
     return 0;
+}
+
+/* A new (uninitialised, contiguous) output tensor of `dtype` and `sizes` on the arguments' device,
+ * returned to the caller after the launcher succeeds; its data in *data. Non-zero (message set)
+ * when it cannot be made (more than CUDA_AGENT_MAX_OUTPUTS, a bad dtype or shape, out of memory). */
+static inline int cuda_agent_output(cuda_agent_call* call, int32_t dtype, int32_t ndim, const int64_t* sizes,
+                                    void** data) {
+    return call->allocate(call, dtype, ndim, sizes, data);
 }
 
 #ifdef __CUDACC__

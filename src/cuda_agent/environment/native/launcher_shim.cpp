@@ -4,7 +4,8 @@
 // It defines the module: one function per entry of the launcher table the protected build
 // generates from the kernels' exported symbols. A call describes its Python arguments
 // (tensors, ints, floats, bools) in a cuda_agent_call, selects the tensors' device and its
-// current stream, and calls the launcher: no pybind11, no tensor copies, no allocation.
+// current stream, calls the launcher and returns the outputs the launcher allocated through it:
+// no pybind11, no tensor copies, CPython's vectorcall protocol.
 #include <Python.h>
 
 #include <torch/csrc/autograd/python_variable.h>
@@ -39,6 +40,62 @@ int dtype_code(at::ScalarType type) {
         case at::kBool: return CUDA_AGENT_BOOL;
         default: return -1;
     }
+}
+
+bool scalar_type(int32_t code, at::ScalarType& type) {
+    static const at::ScalarType types[] = {at::kFloat, at::kDouble, at::kHalf, at::kBFloat16, at::kLong,
+                                           at::kInt, at::kShort, at::kChar, at::kByte, at::kBool};
+    if (code < 0 || code >= static_cast<int32_t>(sizeof types / sizeof types[0])) {
+        return false;
+    }
+    type = types[code];
+    return true;
+}
+
+struct Outputs {
+    c10::Device device;
+    int count = 0;
+    at::Tensor tensors[CUDA_AGENT_MAX_OUTPUTS];
+};
+
+int allocate(cuda_agent_call* call, int32_t dtype, int32_t ndim, const int64_t* sizes, void** data) {
+    auto* outputs = static_cast<Outputs*>(call->shim);
+    at::ScalarType type;
+    if (outputs->count == CUDA_AGENT_MAX_OUTPUTS) {
+        return cuda_agent_fail(call, "more than %d outputs", CUDA_AGENT_MAX_OUTPUTS);
+    }
+    if (!scalar_type(dtype, type) || ndim < 0 || ndim > CUDA_AGENT_MAX_DIMS || (ndim > 0 && sizes == nullptr)) {
+        return cuda_agent_fail(call, "output %d: dtype code %d with %d dimensions cannot be made", outputs->count,
+                               dtype, ndim);
+    }
+    try {
+        at::Tensor tensor = at::empty(at::IntArrayRef(sizes, static_cast<size_t>(ndim)),
+                                      at::TensorOptions().dtype(type).device(outputs->device));
+        *data = tensor.data_ptr();
+        outputs->tensors[outputs->count++] = std::move(tensor);
+    } catch (const std::exception& error) {
+        return cuda_agent_fail(call, "output %d: %s", outputs->count, error.what());
+    }
+    return 0;
+}
+
+PyObject* returned(Outputs& outputs) {
+    if (outputs.count == 0) {
+        Py_RETURN_NONE;
+    }
+    if (outputs.count == 1) {
+        return THPVariable_Wrap(std::move(outputs.tensors[0]));
+    }
+    PyObject* tuple = PyTuple_New(outputs.count);
+    for (int i = 0; tuple != nullptr && i < outputs.count; ++i) {
+        PyObject* tensor = THPVariable_Wrap(std::move(outputs.tensors[i]));
+        if (tensor == nullptr) {
+            Py_CLEAR(tuple);
+            break;
+        }
+        PyTuple_SET_ITEM(tuple, i, tensor);
+    }
+    return tuple;
 }
 
 // Fills `arg` from `object`; false with a Python exception set when it cannot be passed.
@@ -106,7 +163,8 @@ PyObject* call_launcher(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
                 return nullptr;
             }
         }
-        cuda_agent_call call{described, static_cast<int32_t>(nargs), -1, nullptr, {0}};
+        Outputs outputs{device.value_or(c10::Device(c10::kCPU))};
+        cuda_agent_call call{described, static_cast<int32_t>(nargs), -1, nullptr, allocate, &outputs, {0}};
 #ifdef CUDA_AGENT_SHIM_CUDA
         std::optional<c10::cuda::CUDAGuard> guard;
         if (device && device->is_cuda()) {
@@ -125,10 +183,10 @@ PyObject* call_launcher(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
             return PyErr_Format(PyExc_RuntimeError, "%s: %s", entry->name,
                                 call.error[0] ? call.error : "failed (the launcher gave no reason)");
         }
+        return returned(outputs);
     } catch (const std::exception& error) {
         return PyErr_Format(PyExc_RuntimeError, "%s: %s", entry->name, error.what());
     }
-    Py_RETURN_NONE;
 }
 
 PyModuleDef module_definition = {PyModuleDef_HEAD_INIT, "cuda_extension",
