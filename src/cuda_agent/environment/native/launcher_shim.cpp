@@ -134,7 +134,12 @@ bool describe(const char* name, Py_ssize_t index, PyObject* object, cuda_agent_a
     if (PyLong_Check(object)) {
         arg.kind = CUDA_AGENT_INT;
         arg.i = PyLong_AsLongLong(object);
-        return !(arg.i == -1 && PyErr_Occurred());
+        if (arg.i == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_OverflowError, "%s: argument %zd: an int beyond the 64-bit range", name, index);
+            return false;
+        }
+        return true;
     }
     if (PyFloat_Check(object)) {
         arg.kind = CUDA_AGENT_FLOAT;
