@@ -197,9 +197,12 @@ def prepare_toolchain(device: Device, config: BuildConfig, cache_dir: Path, tool
                 "toolchain_dir": str(toolchain_dir), "precompiled_header": pch,
                 "shim": [device == "cuda"] if shim else []}
         env = child_env({"TORCH_CUDA_ARCH_LIST": config.cuda_arch, "CUDA_VISIBLE_DEVICES": ""})
-        result = subprocess.run([sys.executable, "-m", "cuda_agent.environment.build_worker", "--precompile",
-                                 json.dumps(spec)], env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                timeout=config.timeout_s, preexec_fn=die_with_parent, check=False)
+        try:
+            result = subprocess.run([sys.executable, "-m", "cuda_agent.environment.build_worker", "--precompile",
+                                     json.dumps(spec)], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                    text=True, timeout=config.timeout_s, preexec_fn=die_with_parent, check=False)
+        except subprocess.TimeoutExpired:
+            return f"the preparation exceeded build.timeout_s ({config.timeout_s:g} s) and was killed"
         if pch:
             _prepared.add(key)
         return (result.stdout + result.stderr).strip()
