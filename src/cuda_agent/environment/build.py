@@ -78,7 +78,7 @@ def toolchain_fingerprint(device: Device, config: BuildConfig) -> str:
         BUILD_PATH_VERSION, torch_version, sys.version, platform.machine(), device, config.cuda_arch,
         str(config.precompiled_header), str(config.lean),
         " ".join(config.extra_cflags), " ".join(config.extra_cuda_cflags),
-        os.environ.get("CXX", ""), os.environ.get("CUDA_HOME", ""), shim_key(),
+        os.environ.get("CXX", ""), os.environ.get("CUDA_HOME", ""),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
@@ -103,7 +103,8 @@ def toolchain_dir(device: Device, config: BuildConfig, cache_dir: Path) -> Path:
 
 
 def build_key(solution: Solution, device: Device, config: BuildConfig) -> str:
-    return hashlib.sha256((solution.content_hash() + toolchain_fingerprint(device, config)).encode()).hexdigest()
+    shim = shim_key() if solution.binding_style == "launcher" else ""  # linked into the module: part of it
+    return hashlib.sha256((solution.content_hash() + toolchain_fingerprint(device, config) + shim).encode()).hexdigest()
 
 
 def build_location(solution: Solution, device: Device, config: BuildConfig, cache_dir: Path) -> tuple[str, Path, Path]:
