@@ -151,7 +151,7 @@ def build_workdir(spec: dict[str, Any], result: dict[str, Any]) -> list[Extensio
         return _build_launchers(spec, result, sources, sources_dir)
     module_cpp = _write_module_unit(spec, sources_dir)
     result["compile_calls"] = 1
-    units = [Unit(s, tuple(spec["extra_cuda_cflags"] if s.suffix == ".cu" else spec["extra_cflags"])) for s in sources]
+    units = _kernel_units(spec, sources)
     compilers = [_compiler(spec, has_cuda)] if spec["lean"] else []
     try:
         if compilers:
@@ -170,6 +170,11 @@ def build_workdir(spec: dict[str, Any], result: dict[str, Any]) -> list[Extensio
     return compilers
 
 
+def _kernel_units(spec: dict[str, Any], sources: list[Path]) -> list[Unit]:
+    """Each kernel source with the build config's flags for its kind (nvcc's or the C++ compiler's)."""
+    return [Unit(s, tuple(spec["extra_cuda_cflags"] if s.suffix == ".cu" else spec["extra_cflags"])) for s in sources]
+
+
 def _build_launchers(spec: dict[str, Any], result: dict[str, Any], sources: list[Path],
                      sources_dir: Path) -> list[ExtensionCompiler]:
     """The fast contract (:mod:`launchers`): the kernel units, the table of the launchers they
@@ -184,9 +189,7 @@ def _build_launchers(spec: dict[str, Any], result: dict[str, Any], sources: list
     compiler = _compiler(spec, with_cuda)
     result["compile_calls"] = 1
     try:
-        objects = compiler.compile(EXTENSION_NAME, [Unit(s, tuple(spec["extra_cuda_cflags"] if s.suffix == ".cu" else
-                                                                   spec["extra_cflags"])) for s in sources],
-                                   extensions_dir, include_dirs)
+        objects = compiler.compile(EXTENSION_NAME, _kernel_units(spec, sources), extensions_dir, include_dirs)
         names = exported_launchers(objects)
         if not names:
             result["compile_error"] = (

@@ -5,7 +5,7 @@
 // generates from the kernels' exported symbols. A call describes its Python arguments
 // (tensors, ints, floats, bools) in a cuda_agent_call, selects the tensors' device and its
 // current stream, calls the launcher and returns the outputs the launcher allocated through it:
-// no pybind11, no tensor copies, CPython's vectorcall protocol.
+// no pybind11, no tensor copies, CPython's METH_FASTCALL calling convention.
 #include <Python.h>
 
 #include <torch/csrc/autograd/python_variable.h>
