@@ -75,6 +75,7 @@ def test_rebuild_after_a_kernel_edit_compiles_only_the_edited_unit(tmp_path: Pat
         assert not built.info.cached
         stats.append(built.info.compile_stats)
     assert stats[1]["units"] == 3 and stats[1]["object_cache_hits"] == 2, stats
+    assert stats[0]["torch_imported"] == stats[1]["torch_imported"] == 0, stats  # torch's flags come prepared
     assert stats[0]["pch_units"] >= 1 and stats[1]["pch_units"] == 1, stats  # rmsnorm.cpp includes torch/extension.h first
 
 

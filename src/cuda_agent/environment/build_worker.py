@@ -248,6 +248,7 @@ def main(argv: list[str]) -> int:
             compilers = build_single_file(spec, result)
     finally:
         result["compile_stats"] = {k: sum(c.stats[k] for c in compilers) for k in COMPILE_STATS}
+        result["compile_stats"]["torch_imported"] = int("torch" in sys.modules)  # a workdir build needs no torch
         for compiler in compilers:
             for entry in compiler.log:  # into build.log: the warnings of compiles that succeeded
                 logger.info("%s", entry)
