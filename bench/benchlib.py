@@ -67,11 +67,23 @@ def _first_line(command: list[str], last: bool = False) -> str | None:
     return (lines[-1] if last else lines[0]) if lines else None
 
 
-def sample_solution(device: str, task: str, layout: str) -> Path:
-    """A bundled honest solution: ``examples/solutions/<device>[_workdir]/<task>``."""
-    if layout == "single":
+CONTRACTS = ("single", "binding", "launcher")
+"""How a solution binds its kernels: a single file's ``load_inline``, a workdir with
+``*_binding.cpp`` torch glue, a workdir in the fast contract (launchers and the harness's shim)."""
+
+
+def sample_solution(device: str, task: str, contract: str) -> Path:
+    """A bundled honest solution (the path may not exist: no such sample):
+    ``examples/solutions/<device>/<task>.py`` (``single``); ``<device>_workdir/<task>`` in the
+    contract it uses; ``<device>_workdir_binding/<task>``, the binding-contract counterpart of a
+    fast-contract sample."""
+    if contract == "single":
         return EXAMPLES / "solutions" / device / f"{task}.py"
-    return EXAMPLES / "solutions" / f"{device}_workdir" / task
+    workdir = EXAMPLES / "solutions" / f"{device}_workdir" / task
+    workdir_contract = "binding" if any(workdir.glob("kernels/*_binding.cpp")) else "launcher"
+    if contract == workdir_contract:
+        return workdir
+    return EXAMPLES / "solutions" / f"{device}_workdir_{contract}" / task
 
 
 RUN_ID = secrets.token_hex(4)

@@ -35,7 +35,8 @@ safety)
         tests/environment/test_evaluator_faults.py tests/environment/test_sandbox.py \
         tests/environment/test_build_sandbox.py
     run cuda_safety 240 python -m pytest -q -p no:cacheprovider -m gpu tests/gpu/test_cuda_faults.py \
-        tests/gpu/test_gpu_faults.py tests/gpu/test_cuda_sandbox_and_timing.py tests/gpu/test_cuda_samples.py
+        tests/gpu/test_gpu_faults.py tests/gpu/test_cuda_sandbox_and_timing.py tests/gpu/test_cuda_samples.py \
+        tests/gpu/test_launchers_cuda.py
     ;;
 perf)
     run latency 150 python bench/verify_latency.py --device cuda --task relu --runs 8 --uncached-runs 2 \

@@ -5,7 +5,10 @@ differ only in how they call torch's JIT builder: KernelBench's few-shot style (
 ``extra_ldflags=[""]``, ``verbose=True``), duplicate and padded flags, ``functions`` as a list, a
 string or a dict, ``cpp_sources``/``cuda_sources`` as strings or lists, their own
 ``PYBIND11_MODULE``, positional arguments, aliased imports, a build inside ``__init__``, and the
-rest of ``load_inline``'s keywords. One entry does not compile (both builders must say so).
+rest of ``load_inline``'s keywords. One entry does not compile (both builders must say so). Two
+CUDA-only entries keep torch out of ``cuda_sources`` (kernel and launcher there, tensor glue in
+``cpp_sources``): one compiles after CUDA's headers alone (the light prelude), the other needs a
+header torch's prelude brings (``<cstdio>``), so the lean path must retry it with torch's prelude.
 
 The differential build test builds each entry with cuda-agent's lean path and with torch's own
 builder and requires the same compile outcome and the same verdict.
@@ -13,13 +16,15 @@ builder and requires the same compile outcome and the same verdict.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
 from cuda_agent.environment import BuildConfig, EvalConfig, Prestarter, Verdict, load_solution, load_task
-from cuda_agent.environment.build import build_many
+from cuda_agent.environment.build import build_location, build_many
+from cuda_agent.environment.prebuilt import MANIFEST
 from cuda_agent.environment.evaluator import evaluate
 
 TASK = Path(__file__).resolve().parent / "fixtures" / "tasks" / "small_relu.py"
@@ -60,6 +65,34 @@ torch::Tensor relu_forward(torch::Tensor x) {
 }
 """
 
+LIGHT_CUDA_KERNEL = r"""
+__global__ void relu_kernel(const float* __restrict__ in, float* __restrict__ out, int64_t n) {
+    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i < n) {
+        const float v = in[i];
+        out[i] = v < 0.0f ? 0.0f : v;
+    }
+}
+
+void relu_launch(const float* in, float* out, int64_t n) {
+    const int threads = 256;
+    relu_kernel<<<(n + threads - 1) / threads, threads>>>(in, out, n);%s
+}
+"""
+LAUNCH_ERROR_REPORT = """
+    const cudaError_t error = cudaGetLastError();
+    if (error != cudaSuccess) fprintf(stderr, "relu_launch: %s\\n", cudaGetErrorString(error));"""
+LIGHT_GLUE = r"""
+void relu_launch(const float* in, float* out, int64_t n);
+
+torch::Tensor relu_forward(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda() && x.is_contiguous(), "relu_forward: x must be a contiguous CUDA tensor");
+    torch::Tensor out = torch::empty(x.sizes(), x.options());
+    relu_launch(x.data_ptr<float>(), out.data_ptr<float>(), x.numel());
+    return out;
+}
+"""
+
 DECLARATION = "torch::Tensor relu_forward(torch::Tensor x);"
 SECOND_DECLARATION = "torch::Tensor relu_twice(torch::Tensor x);"
 SECOND_FUNCTION = "\ntorch::Tensor relu_twice(torch::Tensor x) { return relu_forward(relu_forward(x)); }\n"
@@ -77,6 +110,14 @@ class Style:
     in_init: bool = False
     extra_source: str = ""
     compiles: bool = True
+    cuda_sources: tuple[str, str] | None = None
+    """CUDA only: ``(cuda_sources, cpp_sources)`` in place of the shared kernel and declaration."""
+    cuda_prelude: str | None = None
+    """The prelude the lean build's manifest must record for the CUDA unit (``light`` or ``torch``)."""
+
+    @property
+    def devices(self) -> tuple[str, ...]:
+        return ("cuda",) if self.cuda_sources else ("cpu", "cuda")
 
 
 _CPU = "cpp_sources={K}"
@@ -128,6 +169,10 @@ STYLES: tuple[Style, ...] = (
     Style("define_flag", 'load_inline(name="{N}", {S}, functions=["relu_forward"], extra_cflags=["-DRELU_VARIANT=1"], '
                          'extra_cuda_cflags=["-DRELU_VARIANT=1"])'),
     Style("warnings_flag", 'load_inline(name="{N}", {S}, functions=["relu_forward"], extra_cflags=["-Wall", "-O2"])'),
+    Style("light_prelude", 'load_inline(name="{N}", {S}, functions=["relu_forward"])',
+          cuda_sources=(LIGHT_CUDA_KERNEL % "", LIGHT_GLUE), cuda_prelude="light"),
+    Style("light_prelude_retry", 'load_inline(name="{N}", {S}, functions=["relu_forward"])',
+          cuda_sources=(LIGHT_CUDA_KERNEL % LAUNCH_ERROR_REPORT, LIGHT_GLUE), cuda_prelude="torch"),
     Style("syntax_error", 'load_inline(name="{N}", {S}, functions=["relu_forward"])', extra_source="\nthis is not C++;\n",
           compiles=False),
 )
@@ -150,6 +195,9 @@ def solution_source(style: Style, device: str, tag: str) -> str:
     if style.name == "own_pybind_module" and cuda:  # the module definition belongs to the C++ unit
         declaration += PYBIND
         kernel = CUDA_KERNEL
+    if style.cuda_sources:
+        assert cuda, f"corpus entry {style.name!r} is CUDA only"
+        kernel, declaration = style.cuda_sources
     build = f"_ext = {call}\n" if not style.in_init else ""
     init = f"        self._ext = {call}\n" if style.in_init else "        self._ext = _ext\n"
     return (f'"""Corpus entry {style.name!r} ({device}): honest ReLU, differing only in the builder call."""\n\n'
@@ -160,25 +208,27 @@ def solution_source(style: Style, device: str, tag: str) -> str:
             "        return self._ext.relu_forward(x.contiguous())\n")
 
 
-def selected_styles() -> list[Style]:
-    """``CUDA_AGENT_BUILD_CORPUS``: ``all``, or comma-separated entry names (default :data:`CI_ENTRIES`)."""
+def selected_styles(device: str) -> list[Style]:
+    """The entries for ``device`` that ``CUDA_AGENT_BUILD_CORPUS`` selects: ``all``, or
+    comma-separated entry names (default :data:`CI_ENTRIES`)."""
     wanted = os.environ.get("CUDA_AGENT_BUILD_CORPUS", ",".join(CI_ENTRIES))
     if wanted == "all":
-        return list(STYLES)
+        return [s for s in STYLES if device in s.devices]
     names = {n.strip() for n in wanted.split(",") if n.strip()}
     unknown = names - {s.name for s in STYLES}
     if unknown:
         raise ValueError(f"CUDA_AGENT_BUILD_CORPUS names unknown entries {sorted(unknown)}; "
                          f"valid: {', '.join(s.name for s in STYLES)}")
-    return [s for s in STYLES if s.name in names]
+    return [s for s in STYLES if s.name in names and device in s.devices]
 
 
-def run_differential(base: EvalConfig, root: Path) -> dict[str, dict[str, Verdict]]:
+def run_differential(base: EvalConfig, root: Path) -> dict[str, dict[str, Verdict | str | None]]:
     """Build the selected entries for ``base.device`` with both builders (each set in parallel),
-    then evaluate each entry both ways: ``{name: {"lean": verdict, "torch": verdict}}``."""
+    then evaluate each entry both ways: ``{name: {"lean": verdict, "torch": verdict,
+    "cuda_prelude": the lean build's CUDA prelude, if it had a CUDA unit}}``."""
     tag = secrets.token_hex(4)  # a cold build each run, whatever the cache holds
     paths = {}
-    for style in selected_styles():
+    for style in selected_styles(base.device):
         path = root / style.name / "solution.py"
         path.parent.mkdir(parents=True)
         path.write_text(solution_source(style, base.device, tag))
@@ -190,8 +240,16 @@ def run_differential(base: EvalConfig, root: Path) -> dict[str, dict[str, Verdic
     task = load_task(TASK)
     with Prestarter(base, count=2) as prestarted:  # the two configs share a slot key
         return {name: {"lean": evaluate(task, path, base, prestarted=prestarted),
-                       "torch": evaluate(task, path, torch_builder, prestarted=prestarted)}
+                       "torch": evaluate(task, path, torch_builder, prestarted=prestarted),
+                       "cuda_prelude": _lean_cuda_prelude(path, base)}
                 for name, path in paths.items()}
+
+
+def _lean_cuda_prelude(path: Path, config: EvalConfig) -> str | None:
+    _, _, extensions_dir = build_location(load_solution(path), config.device, config.build, config.cache_dir)
+    manifest = extensions_dir / MANIFEST
+    entries = json.loads(manifest.read_text()).values() if manifest.is_file() else []
+    return next((e["cuda_prelude"] for e in entries if "cuda_prelude" in e), None)
 
 
 def assert_same_verdict(style: Style, verdicts: dict[str, Verdict]) -> None:
@@ -201,3 +259,5 @@ def assert_same_verdict(style: Style, verdicts: dict[str, Verdict]) -> None:
                                                            torch_builder.correct), (style.name, lean.error, torch_builder.error)
     if style.compiles:
         assert lean.correct, (style.name, lean.error)
+    if style.cuda_prelude:
+        assert verdicts["cuda_prelude"] == style.cuda_prelude, (style.name, verdicts["cuda_prelude"])

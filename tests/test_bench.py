@@ -31,7 +31,7 @@ def results(tmp_path_factory: pytest.TempPathFactory, session_cache_dir: Path) -
     """Each script once, on the session cache (its precompiled header is built once per run)."""
     out = tmp_path_factory.mktemp("bench")
     paths = {name: out / f"{name}.json" for name in ("compile", "timing", "throughput")}
-    _run("compile.py", paths["compile"], "--tasks", "relu", "--layouts", "single", "--variants", "1",
+    _run("compile.py", paths["compile"], "--tasks", "relu", "--contracts", "single", "launcher", "--variants", "1",
          cache_dir=session_cache_dir)
     _run("timing.py", paths["timing"], "--repeats", "2", "--smoke", cache_dir=session_cache_dir)
     _run("throughput.py", paths["throughput"], "--tasks", "relu", "--candidates", "1", "--baseline-candidates", "1",
@@ -39,12 +39,17 @@ def results(tmp_path_factory: pytest.TempPathFactory, session_cache_dir: Path) -
     return paths
 
 
-def test_compile_bench_reports_both_build_paths_side_by_side(results) -> None:
+def test_compile_bench_reports_build_paths_and_contracts_side_by_side(results) -> None:
     data = json.loads(results["compile"].read_text())
     assert {"device", "machine", "compile_median_s", "baseline_compile_median_s", "pch_build_s"} <= data.keys()
-    (row,) = data["rows"]
-    assert row["ours_s"] > 0 and row["baseline_s"] > 0
-    assert row["object_cache_hits"] == 0  # every unit of a variant is new
+    single, launcher = data["rows"]
+    assert single["contract"] == "single" and single["ours_s"] > 0 and single["baseline_s"] > 0
+    assert single["object_cache_hits"] == 0  # every unit of a variant is new
+    # The fast contract: the kernel unit and the launcher table, no torch header, no baseline to run.
+    assert launcher["contract"] == "launcher" and launcher["baseline_s"] is None
+    assert launcher["units"] == 2 and launcher["pch_units"] == launcher["object_cache_hits"] == 0
+    assert set(data["contracts"]) == {"single", "launcher"}
+    assert data["contracts"]["launcher"]["compile_median_s"] < data["contracts"]["single"]["compile_median_s"]
 
 
 def test_timing_bench_reports_a_cv_per_kernel_size(results) -> None:

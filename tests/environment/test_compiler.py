@@ -60,7 +60,7 @@ def test_nvcc_plan_refuses_command_lists_it_does_not_know() -> None:
 
 @pytest.mark.slow
 def test_rebuild_after_a_kernel_edit_compiles_only_the_edited_unit(tmp_path: Path, session_cache_dir: Path) -> None:
-    """Two cold builds of the CPU ReLU workdir that differ in relu.cpp only: the second takes the
+    """Two cold builds of the CPU RMSNorm workdir (the binding contract) that differ in rmsnorm.cpp only: the second takes the
     binding's and the generated module's objects from the cache; units that include
     torch/extension.h first use the precompiled header. The object cache serves unsandboxed builds
     only (as root a build is sandboxed and its objects stay private: test_build_sandbox), so the
@@ -68,14 +68,15 @@ def test_rebuild_after_a_kernel_edit_compiles_only_the_edited_unit(tmp_path: Pat
     stats, run = [], secrets.token_hex(8)  # new sources even on a cache kept between test runs
     for edit in ("first", "second"):
         root = tmp_path / edit
-        shutil.copytree(EXAMPLES / "solutions" / "cpu_workdir" / "relu", root)
-        kernel = root / "kernels" / "relu.cpp"
+        shutil.copytree(EXAMPLES / "solutions" / "cpu_workdir" / "rmsnorm", root)
+        kernel = root / "kernels" / "rmsnorm.cpp"
         kernel.write_text(kernel.read_text() + f"\n// edit {edit} of {run}\n")
         built = build_solution(load_solution(root), "cpu", BuildConfig(), session_cache_dir, SandboxConfig(mode="off"))
         assert not built.info.cached
         stats.append(built.info.compile_stats)
     assert stats[1]["units"] == 3 and stats[1]["object_cache_hits"] == 2, stats
-    assert stats[0]["pch_units"] >= 1 and stats[1]["pch_units"] == 1, stats  # relu.cpp starts with torch/extension.h
+    assert stats[0]["torch_imported"] == stats[1]["torch_imported"] == 0, stats  # torch's flags come prepared
+    assert stats[0]["pch_units"] >= 1 and stats[1]["pch_units"] == 1, stats  # rmsnorm.cpp includes torch/extension.h first
 
 
 def _tiny_workdir(root: Path) -> Path:

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.environment import Status, Task, evaluate, load_task
-from cuda_agent.environment.build import BUILD_FAILED_FILE, BUILD_OK_FILE, INFRA_RETRIES, build_location
-from cuda_agent.environment.build_sandbox import prepare_precompiled_headers
+from cuda_agent.environment.build import BUILD_FAILED_FILE, BUILD_OK_FILE, INFRA_RETRIES, build_location, toolchain_dir
+from cuda_agent.environment.build_sandbox import prepare_toolchain
 
 from support import EXAMPLES, SMALL_RELU_TASK, command_line, descendants
 
@@ -84,7 +84,8 @@ def build_markers(make_config, solution: Path) -> list[str]:
 def test_a_compiler_killed_on_every_try_is_an_infra_error_and_not_cached(make_config, tmp_path: Path) -> None:
     solution = unique_cpu_relu(tmp_path)
     config = make_config()
-    prepare_precompiled_headers("cpu", config.build, config.cache_dir)  # its compiler is not the build's
+    prepare_toolchain("cpu", config.build, config.cache_dir, toolchain_dir("cpu", config.build, config.cache_dir),
+                      precompiled_header=True, shim=False)  # its compiler is not the build's
     with Killer(comm="cc1plus") as killer:
         verdict = evaluate(load_task(EXAMPLES / "tasks" / "relu.py"), solution, make_config())
     assert verdict.status is Status.INFRA_ERROR and verdict.reward == 0, verdict.error

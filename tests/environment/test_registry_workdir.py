@@ -20,7 +20,7 @@ def test_registry_files_mark_the_released_layout() -> None:
     solution = load_solution(WORKDIR)
     assert solution.layout is Layout.WORKDIR and solution.binding_style == "registry"
     assert [p.name for p in solution.kernel_files] == ["axpby.cpp", "axpby_binding.cpp"]
-    ours = load_solution(EXAMPLES / "solutions" / "cpu_workdir" / "relu")
+    ours = load_solution(EXAMPLES / "solutions" / "cpu_workdir" / "rmsnorm")
     assert ours.binding_style == "register" and ours.content_hash() != solution.content_hash()
 
 

@@ -3,7 +3,9 @@
 Layout of one episode root (root-owned when running as root)::
 
     <root>/workdir/          the agent's cwd: model.py, model_new.py, kernels/, SKILL.md,
-                             build, verify, profile (protected: read-only, owned by the evaluator)
+                             cuda_agent_launcher.h (the fast contract's header, for reading: builds
+                             compile the harness's own copy), build, verify, profile (protected:
+                             read-only, owned by the evaluator)
     <root>/eval.sock         the episode's evaluation service (the protected commands talk to it)
     <root>/home/             mount point of the shell's private $HOME (a fresh tmpfs per command)
     <root>/snapshots/<n>/    trusted copies of the solution files, one per evaluation
@@ -33,6 +35,7 @@ from pathlib import Path
 
 from cuda_agent.environment.binding_registry import MODULE_SOURCE as REGISTRY_MODULE_SOURCE
 from cuda_agent.environment.binding_registry import REGISTRY_HEADER
+from cuda_agent.environment.launchers import LAUNCHER_HEADER, NATIVE_DIR
 from cuda_agent.environment.solution import (EXTENSION_NAME, KERNEL_SUFFIXES, KERNELS_DIR, REGISTRY_FILES,
                                              WORKDIR_MODEL_FILE)
 from cuda_agent.environment.task import Task
@@ -40,7 +43,7 @@ from cuda_agent.environment.task import Task
 REFERENCE_FILE = "model.py"
 SKILL_FILE = "SKILL.md"
 PROTECTED_COMMANDS = ("build", "verify", "profile")
-PROTECTED_FILES = frozenset({REFERENCE_FILE, SKILL_FILE, *PROTECTED_COMMANDS})
+PROTECTED_FILES = frozenset({REFERENCE_FILE, SKILL_FILE, LAUNCHER_HEADER, *PROTECTED_COMMANDS})
 PAPER_COMMANDS = {"utils/compile.py": "build", "utils/verification.py": "verify", "utils/profiling.py": "profile"}
 """The paper layout's protected scripts and the evaluation each asks for (``utils/compile.sh`` runs
 ``utils/compile.py``)."""
@@ -52,7 +55,7 @@ MAX_SOLUTION_FILE_BYTES = 1 << 20
 
 STARTER_MODEL_NEW = '''"""Your solution: ModelNew computes what Model in model.py computes, with your own kernel.
 
-See SKILL.md for the two layouts (kernels/ + `import cuda_extension`, or one file with load_inline).
+See SKILL.md for the layouts (kernels/ launchers + `import cuda_extension`, or one file with load_inline).
 """
 
 import torch
@@ -141,6 +144,7 @@ class Workdir:
             workdir.bin_dir.mkdir(mode=0o755)
             _write_protected(workdir.bin_dir / "sudo", '#!/bin/bash\nexec "$@"\n', 0o555)
         else:
+            _write_protected(workdir.path / LAUNCHER_HEADER, (NATIVE_DIR / LAUNCHER_HEADER).read_text(), 0o444)
             for op in PROTECTED_COMMANDS:
                 _write_protected(workdir.path / op, _CLIENT.format(python=sys.executable, op=op, up=".."), 0o555)
         (workdir.path / WORKDIR_MODEL_FILE).write_text(STARTER_MODEL_NEW)

@@ -23,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cuda_agent.environment.compiler import compiler_was_killed
-from cuda_agent.environment.build_sandbox import BuildPlace, SolutionTooLarge, open_place, prepare_precompiled_headers
+from cuda_agent.environment.build_sandbox import (
+    TOOLCHAIN_DIR, BuildPlace, SolutionTooLarge, open_place, prepare_toolchain,
+)
+from cuda_agent.environment.launchers import shim_key, shim_object_path
 from cuda_agent.environment.config import BuildConfig, Device, SandboxConfig
 from cuda_agent.environment.solution import Solution
 from cuda_agent.environment.verdict import BuildInfo
@@ -36,7 +39,7 @@ BUILD_FAILED_FILE = "BUILD_FAILED.json"
 """Written when the compiler rejected the sources: the same sources and toolchain fail the same way,
 so a later build of that key (a pool's compile stage, then its evaluation; a resubmitted candidate)
 reports the recorded error at once instead of compiling again. Timeouts are never recorded."""
-BUILD_PATH_VERSION = "lean-2"
+BUILD_PATH_VERSION = "lean-3"
 """Changes whenever the build child's compile path does (part of every build key)."""
 
 
@@ -80,8 +83,28 @@ def toolchain_fingerprint(device: Device, config: BuildConfig) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
+def toolchain_dir(device: Device, config: BuildConfig, cache_dir: Path) -> Path:
+    """Where the trusted side keeps torch's flags and the launcher shim for this toolchain (the
+    compilers' files are part of the key: an upgraded compiler gets fresh ones)."""
+    compilers = [shutil.which(os.environ.get("CXX") or "c++")]
+    if device == "cuda":
+        cuda_home = os.environ.get("CUDA_HOME")
+        compilers.append(str(Path(cuda_home) / "bin" / "nvcc") if cuda_home else shutil.which("nvcc"))
+    stamps = []
+    for compiler in compilers:
+        try:
+            real = Path(compiler).resolve() if compiler else None
+            info = real.stat() if real else None
+            stamps.append(f"{real}:{info.st_size}:{info.st_mtime_ns}" if info else "none")
+        except OSError:
+            stamps.append(f"{compiler}: missing")
+    key = hashlib.sha256("\n".join([toolchain_fingerprint(device, config), *stamps]).encode()).hexdigest()
+    return cache_dir / TOOLCHAIN_DIR / key[:32]
+
+
 def build_key(solution: Solution, device: Device, config: BuildConfig) -> str:
-    return hashlib.sha256((solution.content_hash() + toolchain_fingerprint(device, config)).encode()).hexdigest()
+    shim = shim_key() if solution.binding_style == "launcher" else ""  # linked into the module: part of it
+    return hashlib.sha256((solution.content_hash() + toolchain_fingerprint(device, config) + shim).encode()).hexdigest()
 
 
 def build_location(solution: Solution, device: Device, config: BuildConfig, cache_dir: Path) -> tuple[str, Path, Path]:
@@ -116,12 +139,11 @@ def build_solution(solution: Solution, device: Device, config: BuildConfig, cach
         except SolutionTooLarge as exc:
             raise CompileError(str(exc)) from None
         try:
-            if place.sandboxed:
-                prepare_precompiled_headers(device, config, cache_dir)
+            tools = _prepare(solution, device, config, cache_dir, place.sandboxed)
             for attempt in range(INFRA_RETRIES + 1):
                 try:
                     log_tail, compile_stats = _run_compile_child(place, device, config, build_dir, extensions_dir,
-                                                                 cache_dir)
+                                                                 cache_dir, tools)
                     break
                 except CompileError as exc:
                     if not exc.infrastructure or attempt == INFRA_RETRIES:
@@ -134,8 +156,25 @@ def build_solution(solution: Solution, device: Device, config: BuildConfig, cach
     return BuiltSolution(solution, build_dir, extensions_dir, info)
 
 
+def _prepare(solution: Solution, device: Device, config: BuildConfig, cache_dir: Path, sandboxed: bool) -> Path:
+    """The trusted preparation of a build (:func:`build_sandbox.prepare_toolchain`); returns the
+    toolchain folder.
+
+    Raises:
+        CompileError: the launcher shim a ``launcher``-style workdir needs could not be built (an
+            infrastructure fault: the shim is the harness's code).
+    """
+    tools = toolchain_dir(device, config, cache_dir)
+    shim = solution.binding_style == "launcher"
+    output = prepare_toolchain(device, config, cache_dir, tools, precompiled_header=sandboxed, shim=shim)
+    if shim and not shim_object_path(tools, device == "cuda").is_file():
+        raise CompileError("the harness's launcher shim could not be built", _tail(output, config.log_tail_lines),
+                           infrastructure=True)
+    return tools
+
+
 def _run_compile_child(place: BuildPlace, device: Device, config: BuildConfig, build_dir: Path,
-                       extensions_dir: Path, cache_dir: Path) -> tuple[str, dict[str, int]]:
+                       extensions_dir: Path, cache_dir: Path, tools: Path) -> tuple[str, dict[str, int]]:
     if extensions_dir.exists():  # leftovers of a failed or killed build
         shutil.rmtree(extensions_dir)
     extensions_dir.mkdir()
@@ -154,6 +193,8 @@ def _run_compile_child(place: BuildPlace, device: Device, config: BuildConfig, b
         "extra_cuda_cflags": list(config.extra_cuda_cflags),
         "result_path": str(place.result_path),
         "cache_dir": str(cache_dir),  # objects and precompiled headers live beside build/
+        "toolchain_dir": str(tools),  # torch's flags and the launcher shim, prepared by the trusted side
+        "shim_object": str(shim_object_path(tools, device == "cuda")),
         "sandboxed": place.sandboxed,  # see build_sandbox: objects made where candidate code runs stay private
         "jobs": config.max_jobs or os.cpu_count() or 1,
         "pch": config.precompiled_header,

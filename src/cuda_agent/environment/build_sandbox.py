@@ -9,8 +9,8 @@ solution's files and an output folder that uid owns. The build cache stays read-
 
 - the trusted parent copies the finished extension into the cache entry of this solution's key
   (a build can only ever write its own entry);
-- the precompiled header is prepared beforehand by a process that runs no candidate code
-  (:func:`prepare_precompiled_headers`), and the child only reads it;
+- the precompiled header, torch's compile flags and the launcher shim are prepared beforehand by a
+  process that runs no candidate code (:func:`prepare_toolchain`), and the child only reads them;
 - no compiled object is shared from a sandboxed build to another: an object made where candidate
   code runs could be made to lie, and would then serve every build of the same source.
 
@@ -33,6 +33,7 @@ from pathlib import Path
 
 from cuda_agent.environment import sandbox
 from cuda_agent.environment.config import BuildConfig, Device, LimitsConfig, SandboxConfig
+from cuda_agent.environment.launchers import shim_object_path
 from cuda_agent.environment.owned_scratch import make_owned_dir
 from cuda_agent.environment.solution import Solution
 from cuda_agent.environment.worker import child_env, die_with_parent
@@ -41,6 +42,8 @@ MAX_COPIED_BYTES = 64 * 1024 * 1024
 """A solution's files copied into a sandboxed build, at most (its sources; anything larger is a
 solution error, not something to compile)."""
 _BUILD_USER = "cuda-agent-build"
+TOOLCHAIN_DIR = "toolchain"
+"""Under the build cache: per toolchain, torch's flags and the launcher shim (see :func:`prepare_toolchain`)."""
 
 _prepared: set[tuple[str, str]] = set()
 _prepared_lock = threading.Lock()
@@ -100,9 +103,10 @@ def open_place(solution: Solution, build_dir: Path, extensions_dir: Path, sandbo
     private = make_owned_dir("build", _scratch_root())  # removed by the next pool if this process is killed
     try:
         private.chmod(0o711)  # the build user may enter it, not list it
-        pch_root = cache_dir / "pch"  # prepared after this, by the trusted side: it must exist to be shown
-        pch_root.mkdir(parents=True, exist_ok=True)
-        lease = sandbox.acquire(sandbox_config, "cpu", private, reads=(pch_root,))
+        shown = (cache_dir / "pch", cache_dir / TOOLCHAIN_DIR)  # prepared by the trusted side: must exist to be shown
+        for directory in shown:
+            directory.mkdir(parents=True, exist_ok=True)
+        lease = sandbox.acquire(sandbox_config, "cpu", private, reads=shown)
         if lease.uid is None:
             lease.release()
             shutil.rmtree(private, ignore_errors=True)
@@ -165,20 +169,40 @@ def _scratch_root() -> Path:
     return default_scratch_root()
 
 
-def prepare_precompiled_headers(device: Device, config: BuildConfig, cache_dir: Path) -> None:
-    """Build the precompiled ``torch/extension.h`` the builds of ``device`` can use, in a process
-    that runs no candidate code (once per process and settings; later calls return at once).
-    A failure only means builds compile without it (the child logs why)."""
-    if not config.precompiled_header or not config.lean:
-        return
-    key = (device, json.dumps([str(cache_dir), list(config.extra_cflags), config.cuda_arch]))
+def toolchain_file(toolchain_dir: Path, with_cuda: bool) -> Path:
+    """torch's compile and link flags for one extension kind, as the trusted side saved them."""
+    return toolchain_dir / f"toolchain-{'cuda' if with_cuda else 'cpu'}.json"
+
+
+def prepare_toolchain(device: Device, config: BuildConfig, cache_dir: Path, toolchain_dir: Path, *,
+                      precompiled_header: bool, shim: bool) -> str:
+    """Prepare what compile children only read, in a process that runs no candidate code: torch's
+    flags in ``toolchain_dir`` (so no compile child imports torch to learn them), the precompiled
+    ``torch/extension.h`` (``precompiled_header``: for sandboxed builds, which cannot build it)
+    and the launcher shim (``shim``). Returns at once when all is there (the precompiled header:
+    once per process and settings). Returns the preparing process's output ("" when none ran);
+    a failure only means builds go without (the compile child then learns torch's flags itself
+    and compiles without the header; a missing shim is the caller's to report).
+    """
+    kinds = [False] if device == "cpu" else [False, True]
+    pch = precompiled_header and config.precompiled_header and config.lean
+    key = (device, json.dumps([str(cache_dir), str(toolchain_dir), list(config.extra_cflags), config.cuda_arch]))
     with _prepared_lock:
-        if key in _prepared:
-            return
-        spec = {"cache_dir": str(cache_dir), "extra_cflags": list(config.extra_cflags),
-                "with_cuda": [False] if device == "cpu" else [False, True]}
+        ready = (all(toolchain_file(toolchain_dir, k).is_file() for k in kinds)
+                 and (not shim or shim_object_path(toolchain_dir, device == "cuda").is_file())
+                 and (not pch or key in _prepared))
+        if ready:
+            return ""
+        spec = {"cache_dir": str(cache_dir), "extra_cflags": list(config.extra_cflags), "with_cuda": kinds,
+                "toolchain_dir": str(toolchain_dir), "precompiled_header": pch,
+                "shim": [device == "cuda"] if shim else []}
         env = child_env({"TORCH_CUDA_ARCH_LIST": config.cuda_arch, "CUDA_VISIBLE_DEVICES": ""})
-        subprocess.run([sys.executable, "-m", "cuda_agent.environment.build_worker", "--precompile", json.dumps(spec)],
-                       env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=config.timeout_s,
-                       preexec_fn=die_with_parent, check=False)
-        _prepared.add(key)
+        try:
+            result = subprocess.run([sys.executable, "-m", "cuda_agent.environment.build_worker", "--precompile",
+                                     json.dumps(spec)], env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                    text=True, timeout=config.timeout_s, preexec_fn=die_with_parent, check=False)
+        except subprocess.TimeoutExpired:
+            return f"the preparation exceeded build.timeout_s ({config.timeout_s:g} s) and was killed"
+        if pch:
+            _prepared.add(key)
+        return (result.stdout + result.stderr).strip()

@@ -5,7 +5,9 @@ trusted step that prepares the precompiled headers.
 Runs with no GPU visible. For the single-file layout it imports the candidate module, whose
 ``load_inline``/``load`` calls compile through the lean path into ``TORCH_EXTENSIONS_DIR`` (see
 :mod:`prebuilt`); for the workdir layout it is the protected build script that compiles
-``kernels/`` into one ``cuda_extension`` module (see :mod:`compiler`). Writes a JSON result:
+``kernels/`` into one ``cuda_extension`` module (see :mod:`compiler`, and :mod:`launchers` for the
+fast contract). It reads torch's flags from the file the trusted preparation wrote, so a workdir
+build never imports torch. Writes a JSON result:
 ``compile_error`` (compiler output) or ``import_error`` (module failed after compiling), and the
 compile statistics.
 """
@@ -22,7 +24,13 @@ from typing import Any
 
 from cuda_agent.environment.binding_registry import MODULE_SOURCE as REGISTRY_MODULE_SOURCE
 from cuda_agent.environment.binding_registry import REGISTRY_HEADER
-from cuda_agent.environment.compiler import COMPILE_STATS, ExtensionCompiler, Unit, torch_toolchain
+from cuda_agent.environment.build_sandbox import toolchain_file
+from cuda_agent.environment.compiler import (
+    COMPILE_STATS, BuildFailed, ExtensionCompiler, Unit, load_toolchain, save_toolchain, torch_toolchain,
+)
+from cuda_agent.environment.launchers import (
+    LAUNCHER_HEADER, NATIVE_DIR, build_shim_object, exported_launchers, launcher_table_source, shim_object_path,
+)
 from cuda_agent.environment.loading import import_file
 from cuda_agent.environment.prebuilt import LeanBuilders
 from cuda_agent.environment.solution import EXTENSION_NAME
@@ -47,20 +55,30 @@ class _CompileFailed(Exception):
 
 
 def _compiler(spec: dict[str, Any], with_cuda: bool) -> ExtensionCompiler:
-    return ExtensionCompiler(torch_toolchain(with_cuda), Path(spec["cache_dir"]), int(spec["jobs"]),
+    toolchain = load_toolchain(toolchain_file(Path(spec["toolchain_dir"]), with_cuda)) or torch_toolchain(with_cuda)
+    return ExtensionCompiler(toolchain, Path(spec["cache_dir"]), int(spec["jobs"]),
                              tuple(spec["extra_cflags"]) if spec["pch"] else None,
                              sandboxed=spec["sandboxed"])
 
 
 def precompile(spec: dict[str, Any]) -> None:
-    """Build the precompiled headers of ``spec["with_cuda"]``'s toolchains (the trusted step run
-    before sandboxed builds, which may only read them; no candidate code runs here)."""
+    """The trusted preparation (:func:`build_sandbox.prepare_toolchain`; no candidate code runs
+    here): save torch's flags of ``spec["with_cuda"]``'s toolchains, build their precompiled
+    headers (``precompiled_header``) and the launcher shim for the toolchains in ``shim``."""
+    toolchain_dir = Path(spec["toolchain_dir"])
+    toolchain_dir.mkdir(parents=True, exist_ok=True)
     for with_cuda in spec["with_cuda"]:
-        compiler = ExtensionCompiler(torch_toolchain(with_cuda), Path(spec["cache_dir"]), 1,
-                                     tuple(spec["extra_cflags"]))
-        if compiler.precompiled_header_dir() is None:
+        toolchain = torch_toolchain(with_cuda)
+        save_toolchain(toolchain, toolchain_file(toolchain_dir, with_cuda))
+        compiler = ExtensionCompiler(toolchain, Path(spec["cache_dir"]), 1, tuple(spec["extra_cflags"]))
+        if spec["precompiled_header"] and compiler.precompiled_header_dir() is None:
             logger.info("precompiling %s failed:\n%s", "the CUDA toolchain's header" if with_cuda else "the header",
                         "\n".join(compiler.log))
+        if with_cuda in spec["shim"]:
+            try:
+                build_shim_object(toolchain, shim_object_path(toolchain_dir, with_cuda), compiler.log)
+            except BuildFailed as exc:
+                logger.info("%s", exc)
 
 
 def _record_compiles(spec: dict[str, Any], result: dict[str, Any], compilers: list[ExtensionCompiler]) -> None:
@@ -129,9 +147,11 @@ def build_workdir(spec: dict[str, Any], result: dict[str, Any]) -> list[Extensio
     if has_cuda and spec["device"] == "cpu":
         result["compile_error"] = "kernels/ contains .cu files but the device is 'cpu'; the CPU backend builds C++ only"
         return []
+    if spec.get("binding_style") == "launcher":
+        return _build_launchers(spec, result, sources, sources_dir)
     module_cpp = _write_module_unit(spec, sources_dir)
     result["compile_calls"] = 1
-    units = [Unit(s, tuple(spec["extra_cuda_cflags"] if s.suffix == ".cu" else spec["extra_cflags"])) for s in sources]
+    units = _kernel_units(spec, sources)
     compilers = [_compiler(spec, has_cuda)] if spec["lean"] else []
     try:
         if compilers:
@@ -148,6 +168,42 @@ def build_workdir(spec: dict[str, Any], result: dict[str, Any]) -> list[Extensio
             )
         result["compile_error"] = message
     return compilers
+
+
+def _kernel_units(spec: dict[str, Any], sources: list[Path]) -> list[Unit]:
+    """Each kernel source with the build config's flags for its kind (nvcc's or the C++ compiler's)."""
+    return [Unit(s, tuple(spec["extra_cuda_cflags"] if s.suffix == ".cu" else spec["extra_cflags"])) for s in sources]
+
+
+def _build_launchers(spec: dict[str, Any], result: dict[str, Any], sources: list[Path],
+                     sources_dir: Path) -> list[ExtensionCompiler]:
+    """The fast contract (:mod:`launchers`): the kernel units, the table of the launchers they
+    export and the trusted shim, linked into ``cuda_extension``; nothing here includes torch but
+    the shim, compiled beforehand."""
+    with_cuda = spec["device"] == "cuda"
+    harness = sources_dir / "_harness"  # first on the include path: the harness's header, never the workdir's
+    harness.mkdir()
+    shutil.copyfile(NATIVE_DIR / LAUNCHER_HEADER, harness / LAUNCHER_HEADER)
+    include_dirs = (harness, sources_dir / "kernels", sources_dir)
+    extensions_dir = Path(spec["extensions_dir"])
+    compiler = _compiler(spec, with_cuda)
+    result["compile_calls"] = 1
+    try:
+        objects = compiler.compile(EXTENSION_NAME, _kernel_units(spec, sources), extensions_dir, include_dirs)
+        names = exported_launchers(objects)
+        if not names:
+            result["compile_error"] = (
+                "kernels/ export no launcher: define at least one `extern \"C\" int NAME(cuda_agent_call* call)` "
+                f"in a kernel unit that includes <{LAUNCHER_HEADER}> (see SKILL.md)")
+            return [compiler]
+        table = sources_dir / "_cuda_agent_launchers.cpp"
+        table.write_text(launcher_table_source(names))
+        objects += compiler.compile(EXTENSION_NAME, [Unit(table, _MODULE_FLAGS)], extensions_dir, (harness,),
+                                    prefix="table_")
+        compiler.link(EXTENSION_NAME, [Path(spec["shim_object"]), *objects], extensions_dir)
+    except BuildFailed as exc:
+        result["compile_error"] = str(exc)
+    return [compiler]
 
 
 def _write_module_unit(spec: dict[str, Any], sources_dir: Path) -> Path:
@@ -192,6 +248,7 @@ def main(argv: list[str]) -> int:
             compilers = build_single_file(spec, result)
     finally:
         result["compile_stats"] = {k: sum(c.stats[k] for c in compilers) for k in COMPILE_STATS}
+        result["compile_stats"]["torch_imported"] = int("torch" in sys.modules)  # a workdir build needs no torch
         for compiler in compilers:
             for entry in compiler.log:  # into build.log: the warnings of compiles that succeeded
                 logger.info("%s", entry)

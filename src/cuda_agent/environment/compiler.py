@@ -17,9 +17,11 @@ Runs in the compile child only (no GPU needed).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import inspect
+import json
 import os
 import re
 import shlex
@@ -81,6 +83,22 @@ class Unit:
     @property
     def is_cuda(self) -> bool:
         return self.source.suffix == ".cu"
+
+
+def save_toolchain(toolchain: Toolchain, path: Path) -> None:
+    """Write ``toolchain`` for compile children to read instead of importing torch (atomic)."""
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    partial.write_text(json.dumps(dataclasses.asdict(toolchain)))
+    os.replace(partial, path)
+
+
+def load_toolchain(path: Path) -> Toolchain | None:
+    """A toolchain :func:`save_toolchain` wrote, or None when there is none (or it is unreadable)."""
+    try:
+        fields = json.loads(path.read_text())
+        return Toolchain(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def torch_toolchain(with_cuda: bool) -> Toolchain:
@@ -169,14 +187,31 @@ class ExtensionCompiler:
         Raises:
             BuildFailed: a compile or the link failed (message: command and compiler output).
         """
+        return self.link(name, self.compile(name, units, out_dir, include_dirs), out_dir, extra_ldflags)
+
+    def compile(self, name: str, units: list[Unit], out_dir: Path, include_dirs: tuple[Path, ...] = (),
+                prefix: str = "") -> list[Path]:
+        """The objects of ``units`` in ``out_dir`` (compiled in parallel, or from the object cache);
+        ``prefix`` keeps their names apart from another call's into the same folder.
+
+        Raises:
+            BuildFailed: a compile failed (the first failing unit in ``units``' order).
+        """
         out_dir.mkdir(parents=True, exist_ok=True)
         pch_dir = self.precompiled_header_dir() if any(self._uses_pch(u) for u in units) else None
         with ThreadPoolExecutor(max_workers=min(self.jobs, max(1, len(units)))) as pool:
-            stems = [out_dir / f"{i}_{u.source.name}" for i, u in enumerate(units)]  # unique per unit
-            objects = list(pool.map(lambda u, stem: self._object(name, u, stem, include_dirs, pch_dir), units, stems))
+            stems = [out_dir / f"{prefix}{i}_{u.source.name}" for i, u in enumerate(units)]  # unique per unit
+            return list(pool.map(lambda u, stem: self._object(name, u, stem, include_dirs, pch_dir), units, stems))
+
+    def link(self, name: str, objects: list[Path], out_dir: Path, extra_ldflags: tuple[str, ...] = ()) -> Path:
+        """``out_dir/<name>.so`` from ``objects``, with torch's link flags.
+
+        Raises:
+            BuildFailed: the link failed.
+        """
         library = out_dir / f"{name}.so"
-        _run([self.toolchain.cxx, *map(str, objects), *self.toolchain.ldflags, *extra_ldflags, "-o", str(library)],
-             "link", self.log)
+        run_step([self.toolchain.cxx, *map(str, objects), *self.toolchain.ldflags, *extra_ldflags, "-o", str(library)],
+                 "link", self.log)
         return library
 
     # -- objects ---------------------------------------------------------------------------------
@@ -204,7 +239,7 @@ class ExtensionCompiler:
         self._count("pch_units", use_pch)
         phases_dir = stem.with_name(stem.name + ".phases")
         if not (unit.is_cuda and self._compile_cu_in_phases(command, unit, target, phases_dir)):
-            _run([*command, "-c", str(unit.source), "-o", str(target)], f"compile {unit.source.name}", self.log)
+            run_step([*command, "-c", str(unit.source), "-o", str(target)], f"compile {unit.source.name}", self.log)
         if cached is None:
             return target
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -279,7 +314,7 @@ class ExtensionCompiler:
                                f'#include "{_torch_header(PCH_HEADER)}"\n#endif\n')
             partial = gch.with_suffix(".gch.tmp")
             try:
-                _run([self.toolchain.cxx, *self.toolchain.cflags, *self.pch_flags, "-x", "c++-header", str(wrapper),
+                run_step([self.toolchain.cxx, *self.toolchain.cflags, *self.pch_flags, "-x", "c++-header", str(wrapper),
                       "-o", str(partial)], "precompile torch/extension.h", self.log)
             except BuildFailed:
                 partial.unlink(missing_ok=True)
@@ -309,7 +344,7 @@ def _local_headers(source: Path, include_dirs: tuple[Path, ...]) -> list[Path]:
     return sorted(headers | named)
 
 
-def _run(command: list[str], what: str, log: list[str]) -> None:
+def run_step(command: list[str], what: str, log: list[str]) -> None:
     result = subprocess.run(command, capture_output=True, text=True)
     output = (result.stdout + result.stderr).strip()
     if output:

@@ -49,7 +49,8 @@ class BuildConfig:
     lean: bool = True
     """Compile through cuda-agent's lean path (docs/performance.md); False: torch's JIT builder
     (ninja, ``torch/extension.h`` parsed in every unit), as before it, for comparison or as a
-    fallback."""
+    fallback. A workdir in the fast (launcher) contract always builds the lean way: torch's
+    builder has no launcher shim."""
     precompiled_header: bool = True
     """Precompile ``torch/extension.h`` once per toolchain and ``extra_cflags`` (GCC PCH in the
     cache) and use it for every C++ unit that includes it first with those flags."""

@@ -11,6 +11,13 @@ in both processes, as before, and so does a call the lean path fails to build fo
 than a compiler diagnostic in the candidate's own source (which torch's builder, compiling the same
 text with the same flags, would report too) or a killed compiler (an infrastructure fault the build
 retries): whatever torch's builder accepts, the build accepts.
+
+The CUDA unit of a ``load_inline`` call gets torch's prelude (``torch/types.h``, tens of seconds of
+nvcc front end) only when it needs it: a CUDA source that neither includes nor names anything of
+torch, ATen or c10 (the kernels and their launchers, the tensor glue in ``cpp_sources``) is compiled
+after CUDA's headers alone, and if that fails for any reason but a killed compiler, once more with
+torch's prelude, exactly as torch's builder would: the outcome is the full prelude's whenever the
+light one is not enough.
 """
 
 from __future__ import annotations
@@ -40,6 +47,11 @@ _SUPPORTED = {
 _NOT_PART_OF_THE_BUILD = {"build_directory", "verbose", "keep_intermediates", "use_pch"}
 _INLINE_CPP_HEADER = "#include <torch/extension.h>\n"
 _INLINE_CUDA_HEADER = "#include <torch/types.h>\n#include <cuda.h>\n#include <cuda_runtime.h>\n"
+_LIGHT_CUDA_HEADER = "#include <cuda.h>\n#include <cuda_runtime.h>\n"
+_TORCH_NAMES = re.compile(r"#\s*include\s*[<\"](?:torch|ATen|c10|pybind11)/|\b(?:torch|at|c10|pybind11)\s*::"
+                          r"|\b(?:TORCH|AT|C10)_[A-Z_]+\b")
+"""What makes a CUDA source need torch's prelude: an include of torch's headers, a name in one of
+its namespaces, or one of its macros."""
 
 
 class PrebuiltMismatch(ImportError):
@@ -117,21 +129,39 @@ class LeanBuilders:
         name = arguments["name"]
         out_dir = self.extensions_dir / name
         out_dir.mkdir(parents=True, exist_ok=True)
-        units = _inline_units(arguments, out_dir) if kind == "load_inline" else _file_units(arguments)
+        light = kind == "load_inline" and light_prelude_suffices(_as_list(arguments.get("cuda_sources")))
+        units = _inline_units(arguments, out_dir, light) if kind == "load_inline" else _file_units(arguments)
         has_cuda = any(u.is_cuda for u in units) or bool(arguments.get("with_cuda"))
         compiler = self.make_compiler(has_cuda)
         includes = tuple(Path(p).resolve() for p in _as_list(arguments.get("extra_include_paths")))
-        library = compiler.build(name, units, out_dir, includes, _flags(arguments.get("extra_ldflags")))
+        ldflags = _flags(arguments.get("extra_ldflags"))
+        try:
+            library = compiler.build(name, units, out_dir, includes, ldflags)
+        except BuildFailed as exc:
+            if not light or compiler_was_killed(str(exc)) or str(exc).startswith("compile main.cpp failed"):
+                raise  # no prelude of the CUDA unit can mend a killed compiler or the C++ unit's error
+            logger.info("%s: the CUDA source needs more than CUDA's headers; compiling it after torch's prelude", name)
+            light = False
+            library = compiler.build(name, _inline_units(arguments, out_dir, light), out_dir, includes, ldflags)
         self.manifest[name] = {"builder": "lean", "call": call_key(kind, arguments),
                                "library": str(library.relative_to(self.extensions_dir))}
+        if kind == "load_inline" and arguments.get("cuda_sources"):
+            self.manifest[name]["cuda_prelude"] = "light" if light else "torch"
         return import_library(name, library)
 
     def _write_manifest(self) -> None:
         (self.extensions_dir / MANIFEST).write_text(json.dumps(self.manifest, indent=1))
 
 
-def _inline_units(arguments: dict[str, Any], out_dir: Path) -> list[Unit]:
-    """The two files torch's ``load_inline`` writes: C++ (with the pybind11 functions) and CUDA."""
+def light_prelude_suffices(cuda_sources: list[str]) -> bool:
+    """Whether a ``load_inline`` call's CUDA sources may first be compiled after CUDA's headers
+    alone (they include and name nothing of torch's; see the module docstring)."""
+    return bool(cuda_sources) and not any(_TORCH_NAMES.search(source) for source in cuda_sources)
+
+
+def _inline_units(arguments: dict[str, Any], out_dir: Path, light_prelude: bool) -> list[Unit]:
+    """The two files torch's ``load_inline`` writes: C++ (with the pybind11 functions) and CUDA
+    (after CUDA's headers alone when ``light_prelude``, else after torch's prelude)."""
     cpp = "\n".join(_as_list(arguments["cpp_sources"]))
     functions = arguments.get("functions")
     if functions:
@@ -144,7 +174,8 @@ def _inline_units(arguments: dict[str, Any], out_dir: Path) -> list[Unit]:
     units = [_write(out_dir / "main.cpp", _INLINE_CPP_HEADER + cpp, cpp_flags)]
     cuda = _as_list(arguments.get("cuda_sources"))
     if cuda:
-        units.append(_write(out_dir / "cuda.cu", _INLINE_CUDA_HEADER + "\n".join(cuda),
+        prelude = _LIGHT_CUDA_HEADER if light_prelude else _INLINE_CUDA_HEADER
+        units.append(_write(out_dir / "cuda.cu", prelude + "\n".join(cuda),
                             _flags(arguments.get("extra_cuda_cflags"))))
     return units
 

@@ -11,7 +11,11 @@
      ``binding.cpp`` in the workdir): binding files include ``../binding_registry.h`` and register
      with ``REGISTER_BINDING(name, function)``. The build compiles the harness's own
      ``binding.cpp`` and ``binding_registry.h`` in place of the workdir's copies, which are
-     infrastructure the candidate may not change.
+     infrastructure the candidate may not change;
+   - ``launcher`` (the fast contract, recognised by kernel units that include
+     ``<cuda_agent_launcher.h>`` and no ``*_binding.cpp``): kernels export ``extern "C"``
+     launchers and include no torch header; the harness's pre-built shim is the tensor glue
+     (see :mod:`launchers`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from cuda_agent.environment.launchers import uses_launchers
 
 WORKDIR_MODEL_FILE = "model_new.py"
 KERNELS_DIR = "kernels"
@@ -49,7 +55,7 @@ class Solution:
     root: Path  # the file itself, or the workdir
     model_file: Path  # the file that defines ModelNew
     kernel_files: tuple[Path, ...] = ()
-    binding_style: str = "register"  # "register" or "registry" (see the module docstring)
+    binding_style: str = "register"  # "register", "registry" or "launcher" (see the module docstring)
 
     @property
     def binding_names(self) -> tuple[str, ...]:
@@ -107,6 +113,8 @@ def load_solution(path: str | Path) -> Solution:
         return Solution(Layout.WORKDIR, path, model_file, kernel_files, binding_style="registry")
     solution = Solution(Layout.WORKDIR, path, model_file, kernel_files)
     if not solution.binding_names:
+        if uses_launchers(kernel_files):
+            return Solution(Layout.WORKDIR, path, model_file, kernel_files, binding_style="launcher")
         # No extension to build: model_new.py must then be self-contained (e.g. load_inline).
         return Solution(Layout.SINGLE_FILE, path, model_file)
     for name in solution.binding_names:

@@ -90,6 +90,13 @@ CHEATS = {
             return x;
         }
         """),
+        ("launcher_on_per_thread_stream", """
+        // A launcher of the fast contract, on a stream other than the one the shim passes it.
+        extern "C" int f(cuda_agent_call* call) {
+            k<<<1, 256, 0, cudaStreamPerThread>>>((const float*)call->args[0].data, nullptr, call->args[0].numel);
+            return 0;
+        }
+        """),
         ("per_thread_stream", """
         // The per-thread default stream is not the harness's current stream.
         torch::Tensor f(torch::Tensor x, torch::Tensor y) {
@@ -497,6 +504,18 @@ def test_library_call_follows_allowed_libraries(run_guards_on) -> None:
 def test_allow_streams_permits_stream_apis(run_guards_on) -> None:
     source = kernel(CHEATS["stream-creation"][0][1])
     assert run_guards_on(kernel=source, config=GuardConfig(allow_streams=True)) == []
+
+
+def test_a_launcher_may_launch_on_the_stream_the_shim_passes(run_guards_on) -> None:
+    source = kernel("""
+    extern "C" int f(cuda_agent_call* call) {
+        cudaStream_t stream = cuda_agent_stream(call);
+        k<<<1, 256, 0, cuda_agent_stream(call)>>>((const float*)call->args[0].data, nullptr, call->args[0].numel);
+        k<<<1, 256, 0, stream>>>((const float*)call->args[0].data, nullptr, call->args[0].numel);
+        return 0;
+    }
+    """)
+    assert run_guards_on(kernel=source) == []
 
 
 def test_quoted_include_of_a_solution_header_is_fine(run_guards_on) -> None:

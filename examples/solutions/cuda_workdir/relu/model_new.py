@@ -1,4 +1,5 @@
-"""Agent-workdir CUDA solution for tasks/relu.py; the kernel lives in kernels/relu.cu."""
+"""Agent-workdir CUDA solution for tasks/relu.py in the fast contract: kernels/relu.cu exports the
+launcher ``relu_forward``; the harness's shim passes it the tensors."""
 
 import torch
 import torch.nn as nn

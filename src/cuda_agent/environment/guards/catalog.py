@@ -16,6 +16,7 @@ from cuda_agent.environment.guards.cpp_model import CppUnit
 from cuda_agent.environment.guards.cpp_rules import CppContext
 from cuda_agent.environment.guards.forward_analysis import ForwardAnalysis
 from cuda_agent.environment.guards.python_model import PyModule
+from cuda_agent.environment.launchers import COMPILED_SUFFIXES, includes_launcher_header
 from cuda_agent.environment.solution import Solution
 from cuda_agent.environment.verdict import Violation
 from cuda_agent.registry import Registry
@@ -92,7 +93,8 @@ def _monkeypatch(module: PyModule, config: GuardConfig, bundle: SourceBundle) ->
 
 
 def _unverifiable_source(module: PyModule, config: GuardConfig, bundle: SourceBundle) -> list[Violation]:
-    built = any(path.endswith("_binding.cpp") for path in bundle.cpp)
+    built = any(path.endswith("_binding.cpp") or (path.endswith(COMPILED_SUFFIXES) and includes_launcher_header(text))
+                for path, text in bundle.cpp.items())
     return python_rules.check_unverifiable_source(module, extension_built=built)
 
 

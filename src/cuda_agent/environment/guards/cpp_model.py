@@ -32,7 +32,9 @@ TENSOR_RETURNING = frozenset({
     "fill_", "zero_",
 })
 _FUNCTION_SUFFIX = frozenset({"const", "noexcept", "override", "final", "mutable", "volatile", "&", "&&"})
-_CURRENT_STREAM = frozenset({"getCurrentCUDAStream", "getDefaultCUDAStream"})
+CURRENT_STREAM = frozenset({"getCurrentCUDAStream", "getDefaultCUDAStream", "cuda_agent_stream"})
+"""Calls that give the current stream: torch's, and the launcher header's (the stream the shim
+passes a launcher is the current stream of the tensors' device)."""
 
 
 @dataclass
@@ -235,7 +237,7 @@ class CppUnit:
             depth -= self.text(end) in (")", "]", "}")
             end += 1
         texts = [self.text(k) for k in range(start, end)]
-        if _CURRENT_STREAM & set(texts):
+        if CURRENT_STREAM & set(texts):
             scope.current_streams.add(name)
         called = [texts[k] for k in range(len(texts) - 1) if texts[k + 1] in ("(", "<")
                   and self.tokens[start + k].kind == "id"]

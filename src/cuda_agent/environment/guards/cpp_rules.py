@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from cuda_agent.environment.guards.config import GuardConfig
 from cuda_agent.environment.guards.cpp_lexer import Token
-from cuda_agent.environment.guards.cpp_model import KEYWORDS, TYPE_WORDS, CppUnit
+from cuda_agent.environment.guards.cpp_model import CURRENT_STREAM, KEYWORDS, TYPE_WORDS, CppUnit
 from cuda_agent.environment.guards.vocabulary import (
     CPP_ALLOWED_HEADS, CPP_ALLOWED_PATHS, CPP_ALLOWED_TENSOR_METHODS, CPP_COMMON_FREE_FUNCTIONS,
     CPP_COMPUTE_NAMESPACES, CPP_CONTAINER_METHOD_NAMES, CPP_ROOTS, aten_compute_names,
@@ -289,13 +289,13 @@ def _launch_stream_problem(unit: CppUnit, i: int) -> str | None:
     for _ in range(4):  # expand object-like macros (#define STREAM at::cuda::getCurrentCUDAStream())
         stream = [part for text in stream for part in unit.macros.get(text, [text])]
     scope = unit.scope_at[i]
-    if stream in (["0"], ["nullptr"], ["NULL"], ["0", "u"]) or any(s in stream for s in ("getCurrentCUDAStream",
-                                                                                         "getDefaultCUDAStream")):
+    if stream in (["0"], ["nullptr"], ["NULL"], ["0", "u"]) or CURRENT_STREAM & set(stream):
         return None
     if scope is not None and stream[0] in scope.current_streams:
         return None
     return (f"launches a kernel on stream '{' '.join(stream)}', which is not the current stream; pass "
-            "at::cuda::getCurrentCUDAStream() (or a variable initialised from it)")
+            "at::cuda::getCurrentCUDAStream() or, in a launcher, cuda_agent_stream(call) (or a variable initialised "
+            "from it)")
 
 
 # -- library-call ------------------------------------------------------------------------------------

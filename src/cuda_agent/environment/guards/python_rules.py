@@ -431,7 +431,7 @@ def check_unverifiable_source(module: PyModule, extension_built: bool) -> list[V
     out = [Violation("unverifiable-source", p) for call in module.load_calls for p in call.problems]
     if not extension_built:
         out += [_v("unverifiable-source", module, rec.node,
-                   f"imports {EXTENSION_NAME}, but this solution has no kernels/*_binding.cpp to build it from, so "
+                   f"imports {EXTENSION_NAME}, but this solution has no kernels/*_binding.cpp nor launchers to build it from, so "
                    "whatever module is found would run unscanned; build with load_inline or add kernels/")
                 for rec in module.imports if rec.module.split(".")[0] == EXTENSION_NAME]
     called = {id(node.func) for node, _ in module.call_targets}

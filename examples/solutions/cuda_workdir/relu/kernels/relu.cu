@@ -1,8 +1,8 @@
 // ReLU on CUDA: grid-stride elementwise kernel, float4 body when both buffers are 16-byte aligned.
-#include <torch/types.h>
-#include <ATen/cuda/CUDAContext.h>
-#include <c10/cuda/CUDAException.h>
-#include <c10/cuda/CUDAGuard.h>
+// The fast contract: CUDA headers and the harness's launcher header only, one launcher, which
+// makes its output through the harness's shim; model_new.py calls cuda_extension.relu_forward(x).
+#include <cuda_runtime.h>
+#include <cuda_agent_launcher.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -35,32 +35,36 @@ __global__ void relu_kernel(const float* __restrict__ in, float* __restrict__ ou
     }
 }
 
-torch::Tensor relu_forward(torch::Tensor x) {
-    TORCH_CHECK(x.is_cuda(), "relu_forward: x must be a CUDA tensor");
-    TORCH_CHECK(x.scalar_type() == torch::kFloat32, "relu_forward: x must be float32");
-    TORCH_CHECK(x.is_contiguous(), "relu_forward: x must be contiguous");
-    const c10::cuda::CUDAGuard device_guard(x.device());
-
-    torch::Tensor out = torch::empty(x.sizes(), x.options());
-    const int64_t n = x.numel();
-    if (n == 0) {
-        return out;
+extern "C" int relu_forward(cuda_agent_call* call) {
+    if (cuda_agent_expect_args(call, 1) || cuda_agent_expect_tensor(call, 0, CUDA_AGENT_FLOAT32)) {
+        return 1;
     }
-    const float* in = x.data_ptr<float>();
-    float* o = out.data_ptr<float>();
+    const cuda_agent_arg& x = call->args[0];
+    if (call->device < 0) {
+        return cuda_agent_fail(call, "x must be a CUDA tensor");
+    }
+    float* o = nullptr;
+    if (cuda_agent_output(call, CUDA_AGENT_FLOAT32, x.ndim, x.sizes, reinterpret_cast<void**>(&o))) {
+        return 1;
+    }
+    const int64_t n = x.numel;
+    if (n == 0) {
+        return 0;
+    }
+    const float* in = static_cast<const float*>(x.data);
     const bool vec = (reinterpret_cast<std::uintptr_t>(in) % 16 == 0) &&
                      (reinterpret_cast<std::uintptr_t>(o) % 16 == 0);
 
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, call->device);
     constexpr int kThreads = 256;
     const int64_t work = vec ? std::max<int64_t>(n / 4, 1) : n;
-    const int64_t max_blocks = static_cast<int64_t>(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 16;
+    const int64_t max_blocks = static_cast<int64_t>(std::max(sms, 1)) * 16;
     const int blocks = static_cast<int>(std::min<int64_t>((work + kThreads - 1) / kThreads, max_blocks));
-    cudaStream_t stream = at::cuda::getCurrentCUDAStream();
     if (vec) {
-        relu_kernel<true><<<blocks, kThreads, 0, stream>>>(in, o, n);
+        relu_kernel<true><<<blocks, kThreads, 0, cuda_agent_stream(call)>>>(in, o, n);
     } else {
-        relu_kernel<false><<<blocks, kThreads, 0, stream>>>(in, o, n);
+        relu_kernel<false><<<blocks, kThreads, 0, cuda_agent_stream(call)>>>(in, o, n);
     }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return out;
+    return cuda_agent_launch_status(call);
 }
