@@ -40,7 +40,7 @@ from cuda_agent.environment.build import CompileError, build_solution
 from cuda_agent.environment.compiler import ExtensionCompiler, torch_toolchain
 from cuda_agent.environment.slots import Prestarter
 from cuda_agent.environment.solution import load_solution
-from cuda_agent.pool.work import PRESTART_SLOTS
+from cuda_agent.environment.slots import default_prestart_slots
 
 TASKS = ("relu", "softmax", "rmsnorm", "row_sum", "add_relu_mul", "matmul")
 
@@ -61,7 +61,7 @@ def evaluate_jobs(jobs: list[Job], config: EvalConfig, build_parallel: int, budg
     the order the builds finish. Stops starting evaluations when ``budget`` is spent.
     """
     results = []
-    with ThreadPoolExecutor(max_workers=build_parallel) as builders, Prestarter(config, count=PRESTART_SLOTS) as prestarted:
+    with ThreadPoolExecutor(max_workers=build_parallel) as builders, Prestarter(config, count=default_prestart_slots(config.device)) as prestarted:
         builds = {builders.submit(_build_quietly, job, config): job for job in jobs}
         for build in as_completed(builds):
             if budget.spent():

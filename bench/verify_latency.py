@@ -2,8 +2,9 @@
 
 Runs one sample task/solution pair through the whole pipeline: N times with a fresh build (the
 solution is copied with a unique trailing comment, so the build cache cannot help), N times with
-the build cached, N times with the build cached and the workers prestarted (what an agent's or a
-trainer's repeated evaluations see: ``warm_eval_median_s``), and a few times as a user types it
+the build cached, N times with the build cached and the workers prestarted, each after
+``--think-s`` seconds in which the slots warm up (what an agent's repeated ``./verify`` calls see,
+its policy generating between them: ``warm_eval_median_s``), and a few times as a user types it
 (``cuda-agent verify TASK SOLUTION --json`` in a fresh process, build cached:
 ``cli_verify_cached_s``). Reports the medians, the coefficient of variation of ``candidate_ms``
 over the cached runs, and the median ``phase_seconds`` of the warm runs. Prints a one-line summary
@@ -31,7 +32,7 @@ from benchlib import device_label, machine_details
 from cuda_agent.cli import examples_dir
 from cuda_agent.cli_support import default_device
 from cuda_agent.environment import EvalConfig, Prestarter, TimingConfig, evaluate, load_task
-from cuda_agent.pool.work import PRESTART_SLOTS
+from cuda_agent.environment.slots import default_prestart_slots
 
 
 def _variant(solution: Path, index: int, workspace: Path) -> Path:
@@ -76,6 +77,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=10, help="cached runs (CV is taken over these)")
     parser.add_argument("--uncached-runs", type=int, default=3)
     parser.add_argument("--cli-runs", type=int, default=3, help="`cuda-agent verify` runs (build cached)")
+    parser.add_argument("--think-s", type=float, default=8.0,
+                        help="pause before each warm run (an agent's generation time between evaluations)")
     parser.add_argument("--out", type=Path, default=None, help="JSON output path")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="build/baseline cache to use (default: a fresh temporary one)")
@@ -92,8 +95,11 @@ def main() -> None:
         _timed(task, solution, config)  # warm the baseline cache, so every measured run sees the same work
         uncached = [_timed(task, _variant(solution, i, workspace), config)[0] for i in range(args.uncached_runs)]
         cached_runs = [_timed(task, solution, config) for _ in range(args.runs)]
-        with Prestarter(config, count=PRESTART_SLOTS) as prestarted:
-            warm_runs = [_timed(task, solution, config, prestarted) for _ in range(args.runs)]
+        with Prestarter(config, count=default_prestart_slots(config.device)) as prestarted:
+            warm_runs = []
+            for _ in range(args.runs):
+                time.sleep(args.think_s)
+                warm_runs.append(_timed(task, solution, config, prestarted))
         cli_runs = [_cli_verify(root / "tasks" / f"{args.task}.py", solution, device, config.cache_dir) for _ in range(args.cli_runs)]
     finally:
         shutil.rmtree(workspace, ignore_errors=True)

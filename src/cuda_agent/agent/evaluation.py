@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -23,9 +24,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cuda_agent.agent.workdir import Workdir
-from cuda_agent.environment import EvalConfig, SolutionError, Task, Verdict, evaluate, load_solution
+from cuda_agent.environment import EvalConfig, Prestarter, SolutionError, Task, Verdict, evaluate, load_solution
 from cuda_agent.environment.build import CompileError, build_solution
 from cuda_agent.environment.guards import run_static_guards
+from cuda_agent.environment.slots import default_prestart_slots
 
 logger = logging.getLogger(__name__)
 
@@ -85,16 +87,18 @@ class EvaluationQueue:
 
     Args:
         evaluator: what runs ``verify``/``profile``/``final`` evaluations; default: the trusted
-            evaluator in this process (``environment.evaluate``). A trainer on a cluster passes
-            one that sends the snapshot to an evaluation pool or service (``build`` always
-            compiles here).
+            evaluator in this process (:class:`WarmEvaluator`: ``environment.evaluate`` on worker
+            slots kept started ahead, so an agent's ``./verify`` does not wait for interpreters
+            and CUDA contexts). A trainer on a cluster passes one that sends the snapshot to an
+            evaluation pool or service (``build`` always compiles here).
     """
 
     def __init__(self, config: EvalConfig, slots: int = 1, evaluator: Evaluate | None = None) -> None:
         if slots < 1:
             raise ValueError(f"evaluation slots must be >= 1, got {slots}")
         self.config, self.slots = config, slots
-        self.evaluator: Evaluate = evaluator or _local_evaluate
+        self._warm = WarmEvaluator(config, default_prestart_slots(config.device)) if evaluator is None else None
+        self.evaluator: Evaluate = evaluator or self._warm
         self._slots = asyncio.Semaphore(slots)
         self._pool = ThreadPoolExecutor(slots, thread_name_prefix="evaluation")
 
@@ -108,6 +112,8 @@ class EvaluationQueue:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+        if self._warm is not None:
+            self._warm.close()
 
 
 class EpisodeEvaluator:
@@ -194,8 +200,28 @@ def _build_only(snapshot, config: EvalConfig) -> Callable[[], dict[str, Any]]:
     return work
 
 
-def _local_evaluate(task: Task, path: Path, config: EvalConfig, profile: bool) -> Verdict:
-    return evaluate(task, path, config, profile=profile)
+class WarmEvaluator:
+    """``environment.evaluate`` on worker slots a :class:`Prestarter` keeps warm for ``config``,
+    started at the first evaluation (a queue that never evaluates starts no process). Each slot
+    serves one evaluation, as always; an evaluation under another configuration starts its own."""
+
+    def __init__(self, config: EvalConfig, slots: int) -> None:
+        self.config, self.slots = config, slots
+        self._prestarter: Prestarter | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, task: Task, path: Path, config: EvalConfig, profile: bool) -> Verdict:
+        with self._lock:
+            if self._prestarter is None:
+                self._prestarter = Prestarter(self.config, self.slots)
+        return evaluate(task, path, config, profile=profile, prestarted=self._prestarter)
+
+    def close(self) -> None:
+        """After the last evaluation: destroy the slots nobody took."""
+        with self._lock:
+            if self._prestarter is not None:
+                self._prestarter.close()
+                self._prestarter = None
 
 
 def _evaluation(evaluator: Evaluate, task: Task, snapshot: Path, config: EvalConfig,

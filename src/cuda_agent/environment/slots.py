@@ -124,6 +124,14 @@ class WorkerSlot:
         shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+def default_prestart_slots(device: str) -> int:
+    """Worker slots to keep warm ahead of a stream of evaluations: 2 on CUDA (starting a slot, two
+    interpreters with torch, CUDA contexts and the sandbox, takes ~3-7 s on an H100 host, longer
+    than a warm evaluation of an L1-size kernel, so one slot cannot keep a GPU busy), 1 on the CPU
+    backend (whose slots compete with the evaluation for the cores)."""
+    return 2 if device == "cuda" else 1
+
+
 class Prestarter:
     """Keeps ``count`` slots for one configuration started and warmed ahead of the evaluations.
 

@@ -15,14 +15,10 @@ from pathlib import Path
 from cuda_agent.environment import EvalConfig, Prestarter, SolutionError, Verdict, evaluate, load_solution
 from cuda_agent.environment.build import CompileError, build_solution
 from cuda_agent.environment.guards import run_static_guards
+from cuda_agent.environment.slots import default_prestart_slots
 from cuda_agent.pool.jobs import EvalJob
 
 logger = logging.getLogger(__name__)
-
-PRESTART_SLOTS = 2
-"""Worker slots a pool worker keeps warm (a slot starts in ~3-7 s on an H100 host; a warm
-evaluation of an L1-size kernel takes ~1-2 s)."""
-
 
 def default_staging_dir(config: EvalConfig) -> Path:
     return config.cache_dir / "staged"
@@ -39,9 +35,7 @@ class PoolWork:
             the CPU backend (CPU lanes are as many as the user asked for).
         prestart_slots: worker slots kept started and warm ahead of the evaluations (see
             :class:`~cuda_agent.environment.Prestarter`), made on the first evaluation; 0: none;
-            None: :data:`PRESTART_SLOTS` on CUDA (starting a slot, two interpreters with torch,
-            CUDA contexts and the sandbox, takes longer than a warm evaluation, so one slot is not
-            enough to keep a GPU busy), 1 on the CPU backend (whose slots compete for the cores).
+            None: :func:`~cuda_agent.environment.slots.default_prestart_slots`.
     """
 
     def __init__(self, config: EvalConfig, staging_dir: Path, device_lock: str | None = None,
@@ -49,8 +43,7 @@ class PoolWork:
         self.config = config
         self.staging_dir = staging_dir
         self.device_lock = device_lock
-        self.prestart_slots = prestart_slots if prestart_slots is not None else (
-            PRESTART_SLOTS if config.device == "cuda" else 1)
+        self.prestart_slots = prestart_slots if prestart_slots is not None else default_prestart_slots(config.device)
         self._prestarter: Prestarter | None = None
 
     def build(self, job: EvalJob) -> None:

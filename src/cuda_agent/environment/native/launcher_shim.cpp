@@ -8,6 +8,7 @@
 // no pybind11, no tensor copies, CPython's METH_FASTCALL calling convention.
 #include <Python.h>
 
+#include <ATen/ops/empty.h>
 #include <torch/csrc/autograd/python_variable.h>
 #ifdef CUDA_AGENT_SHIM_CUDA
 #include <c10/cuda/CUDAGuard.h>
