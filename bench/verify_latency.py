@@ -6,9 +6,10 @@ the build cached, N times with the build cached and the workers prestarted, each
 ``--think-s`` seconds in which the slots warm up (what an agent's repeated ``./verify`` calls see,
 its policy generating between them: ``warm_eval_median_s``), and a few times as a user types it
 (``cuda-agent verify TASK SOLUTION --json`` in a fresh process, build cached:
-``cli_verify_cached_s``). Reports the medians, the coefficient of variation of ``candidate_ms``
-over the cached runs, and the median ``phase_seconds`` of the warm runs. Prints a one-line summary
-and writes JSON.
+``cli_verify_cached_s``; and with ``--keep-warm``, ``--think-s`` apart, after a first call that
+starts the keep-warm evaluator: ``cli_verify_keep_warm_s``). Reports the medians, the coefficient
+of variation of ``candidate_ms`` over the cached runs, and the median ``phase_seconds`` of the warm
+runs. Prints a one-line summary and writes JSON.
 
     python bench/verify_latency.py --device cuda --task relu --runs 10 --out bench/results/verify_latency_cuda.json
 """
@@ -43,8 +44,8 @@ def _variant(solution: Path, index: int, workspace: Path) -> Path:
         return target
     target = workspace / f"{solution.name}_{index}"
     shutil.copytree(solution, target)
-    binding = next(target.glob("kernels/*_binding.cpp"))
-    binding.write_text(binding.read_text() + f"\n// benchmark variant {index}\n")
+    kernel = sorted(p for p in (target / "kernels").iterdir() if p.suffix in (".cu", ".cpp"))[0]
+    kernel.write_text(kernel.read_text() + f"\n// benchmark variant {index}\n")
     return target
 
 
@@ -57,16 +58,33 @@ def _timed(task, solution: Path, config: EvalConfig, prestarted: Prestarter | No
     return elapsed, verdict
 
 
-def _cli_verify(task: Path, solution: Path, device: str, cache_dir: Path) -> float:
-    """Wall seconds of ``cuda-agent verify TASK SOLUTION --json`` in a fresh process."""
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cuda_agent.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **env})
+
+
+def _cli_verify(task: Path, solution: Path, device: str, env: dict[str, str], *extra: str) -> float:
+    """Wall seconds of ``cuda-agent verify TASK SOLUTION --json [extra]`` in a fresh process."""
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "cuda_agent.cli", "verify", str(task), str(solution), "--device",
-                             device, "--json"], capture_output=True, text=True,
-                            env={**os.environ, "CUDA_AGENT_CACHE_DIR": str(cache_dir)})
+    result = _cli("verify", str(task), str(solution), "--device", device, "--json", *extra, env=env)
     elapsed = time.perf_counter() - started
-    if result.returncode != 0 or not json.loads(result.stdout or "{}").get("correct"):
+    if result.returncode != 0 or not json.loads(result.stdout or "{}").get("correct") or "warning" in result.stderr:
         raise SystemExit(f"cuda-agent verify failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
     return elapsed
+
+
+def _cli_keep_warm(task: Path, solution: Path, device: str, env: dict[str, str], runs: int, think_s: float) -> list[float]:
+    """``runs + 1`` calls of ``cuda-agent verify --keep-warm`` (the first starts the evaluator),
+    ``think_s`` apart; the evaluator is stopped after."""
+    try:
+        times = []
+        for run in range(runs + 1):
+            if run:
+                time.sleep(think_s)
+            times.append(_cli_verify(task, solution, device, env, "--keep-warm"))
+        return times
+    finally:
+        _cli("warm", "stop", env=env)
 
 
 def main() -> None:
@@ -100,7 +118,11 @@ def main() -> None:
             for _ in range(args.runs):
                 time.sleep(args.think_s)
                 warm_runs.append(_timed(task, solution, config, prestarted))
-        cli_runs = [_cli_verify(root / "tasks" / f"{args.task}.py", solution, device, config.cache_dir) for _ in range(args.cli_runs)]
+        task_file = root / "tasks" / f"{args.task}.py"
+        env = {"CUDA_AGENT_CACHE_DIR": str(config.cache_dir), "CUDA_AGENT_WARM_DIR": str(workspace / "warm")}
+        (workspace / "warm").mkdir(mode=0o700)
+        cli_runs = [_cli_verify(task_file, solution, device, env) for _ in range(args.cli_runs)]
+        keep_warm_runs = _cli_keep_warm(task_file, solution, device, env, args.cli_runs, args.think_s)
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     cached = [t for t, _ in cached_runs]
@@ -121,10 +143,13 @@ def main() -> None:
             phase: statistics.median(v.phase_seconds.get(phase, 0.0) for _, v in warm_runs)
             for phase in warm_runs[0][1].phase_seconds},
         "cli_verify_cached_s": statistics.median(cli_runs), "cli_verify_cached_runs_s": cli_runs,
+        "cli_verify_keep_warm_first_s": keep_warm_runs[0],
+        "cli_verify_keep_warm_s": statistics.median(keep_warm_runs[1:]), "cli_verify_keep_warm_runs_s": keep_warm_runs,
     }
     print(f"{args.task} ({args.layout}, {device}): verify uncached median {result['verify_uncached_median_s']:.1f} s, "
           f"cached median {result['verify_cached_median_s']:.1f} s, warm median {result['warm_eval_median_s']:.2f} s, "
-          f"`cuda-agent verify` cached {result['cli_verify_cached_s']:.1f} s; candidate_ms CV over {args.runs} runs {cv:.2%}")
+          f"`cuda-agent verify` cached {result['cli_verify_cached_s']:.1f} s, with --keep-warm "
+          f"{result['cli_verify_keep_warm_s']:.1f} s; candidate_ms CV over {args.runs} runs {cv:.2%}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

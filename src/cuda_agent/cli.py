@@ -20,13 +20,15 @@ from cuda_agent.cli_support import (
     PRESET_HELP, build_eval_config, console, err_console, fail_usage, require_local_device,
 )
 from cuda_agent.environment import (
-    POLICIES, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
+    POLICIES, EvalConfig, Task, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
 )
 from cuda_agent.environment.build import build_many
 from cuda_agent.evaluate.cli import eval_command, report_command
 from cuda_agent.serve.cli import serve_command
 from cuda_agent.synth.cli import synth_app
 from cuda_agent.train.cli import train_app
+from cuda_agent.warm import WarmError, evaluate_warm
+from cuda_agent.warm.cli import warm_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Agentic RL for CUDA kernels: evaluate candidates with a hack-resistant reward.")
@@ -54,6 +56,7 @@ def _options(version: bool = typer.Option(False, "--version", callback=_print_ve
 app.command("eval")(eval_command)
 app.command("report")(report_command)
 app.command("serve")(serve_command)
+app.add_typer(warm_app, name="warm")
 
 
 def _fmt(value: Optional[float], unit: str = "") -> str:
@@ -99,6 +102,11 @@ def verify(
                                                     help="Time torch.compile too (needed for reward 3)."),
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
     preset: Optional[str] = typer.Option(None, help=PRESET_HELP),
+    keep_warm: bool = typer.Option(False, "--keep-warm", envvar="CUDA_AGENT_KEEP_WARM",
+                                   help="Evaluate in this user's background evaluator for these settings, which keeps "
+                                        "workers warm for the next call (started on first use; exits after "
+                                        "$CUDA_AGENT_KEEP_WARM_IDLE_S idle seconds, default 600, or on "
+                                        "`cuda-agent warm stop`). Same verdict, seconds less per call."),
 ) -> None:
     """Build, verify and profile one candidate; print its verdict and reward.
 
@@ -115,11 +123,22 @@ def verify(
         fail_usage(f"{solution}: no such file or directory")
     with console.status(f"evaluating {solution.name} on {task.id} ({eval_config.device})", spinner="dots") \
             if not json_out else contextlib.nullcontext():
-        verdict = evaluate(task, solution, eval_config)
+        verdict = _evaluate_once(problem, task, solution, eval_config, keep_warm)
     if json_out:
         print(json.dumps(verdict.to_json_dict(), default=str, allow_nan=False))
     else:
         console.print(_verdict_table(verdict))
+
+
+def _evaluate_once(problem: Path, task: Task, solution: Path, config: EvalConfig, keep_warm: bool) -> Verdict:
+    """In this process, or by the keep-warm evaluator (falling back to this process, with a warning,
+    when it cannot give a verdict)."""
+    if keep_warm:
+        try:
+            return evaluate_warm(problem, solution, config)
+        except WarmError as exc:
+            err_console.print(f"[yellow]warning:[/yellow] {escape(str(exc))}; evaluating in this process")
+    return evaluate(task, solution, config)
 
 
 @tasks_app.command("list")
