@@ -12,6 +12,7 @@ agent printed.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import logging
 import os
@@ -203,7 +204,8 @@ def _build_only(snapshot, config: EvalConfig) -> Callable[[], dict[str, Any]]:
 class WarmEvaluator:
     """``environment.evaluate`` on worker slots a :class:`Prestarter` keeps warm for ``config``,
     started at the first evaluation (a queue that never evaluates starts no process). Each slot
-    serves one evaluation, as always; an evaluation under another configuration starts its own."""
+    serves one evaluation, as always; an evaluation under another configuration starts its own.
+    Closed by the queue, or at interpreter exit for queues nobody closes (the verl adapter's)."""
 
     def __init__(self, config: EvalConfig, slots: int) -> None:
         self.config, self.slots = config, slots
@@ -214,12 +216,14 @@ class WarmEvaluator:
         with self._lock:
             if self._prestarter is None:
                 self._prestarter = Prestarter(self.config, self.slots)
+                atexit.register(self.close)
         return evaluate(task, path, config, profile=profile, prestarted=self._prestarter)
 
     def close(self) -> None:
         """After the last evaluation: destroy the slots nobody took."""
         with self._lock:
             if self._prestarter is not None:
+                atexit.unregister(self.close)
                 self._prestarter.close()
                 self._prestarter = None
 
