@@ -45,7 +45,7 @@ torch::Tensor relu_forward(torch::Tensor x) {
 }
 """
 
-CUDA_KERNEL = r"""
+RELU_CUDA_KERNEL = r"""
 __global__ void relu_kernel(const float* __restrict__ in, float* __restrict__ out, int64_t n) {
     const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (i < n) {
@@ -53,7 +53,9 @@ __global__ void relu_kernel(const float* __restrict__ in, float* __restrict__ ou
         out[i] = v < 0.0f ? 0.0f : v;
     }
 }
+"""
 
+CUDA_KERNEL = RELU_CUDA_KERNEL + r"""
 torch::Tensor relu_forward(torch::Tensor x) {
     TORCH_CHECK(x.is_contiguous(), "relu_forward: x must be contiguous");
     torch::Tensor out = torch::empty(x.sizes(), x.options());
@@ -65,15 +67,7 @@ torch::Tensor relu_forward(torch::Tensor x) {
 }
 """
 
-LIGHT_CUDA_KERNEL = r"""
-__global__ void relu_kernel(const float* __restrict__ in, float* __restrict__ out, int64_t n) {
-    const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (i < n) {
-        const float v = in[i];
-        out[i] = v < 0.0f ? 0.0f : v;
-    }
-}
-
+LIGHT_CUDA_KERNEL = RELU_CUDA_KERNEL + r"""
 void relu_launch(const float* in, float* out, int64_t n) {
     const int threads = 256;
     relu_kernel<<<(n + threads - 1) / threads, threads>>>(in, out, n);%s

@@ -102,9 +102,20 @@ def evaluate_warm(task_file: Path, solution: Path, config: EvalConfig, idle_s: f
 
 
 def running_daemons() -> list[dict[str, Any]]:
-    """What each daemon of this user answers to ``ping`` (its socket added); sockets nobody
-    listens on any more are removed."""
-    found = []
+    """What each daemon of this user answers to ``ping`` (its socket added)."""
+    return [{**reply, "socket": str(path)} for path, reply in _ask_every_daemon({"op": "ping"})]
+
+
+def stop_daemons() -> int:
+    """Ask every daemon of this user to stop (each finishes the evaluation it is running); the
+    number asked."""
+    return len(_ask_every_daemon({"op": "stop"}))
+
+
+def _ask_every_daemon(request: dict[str, Any]) -> list[tuple[Path, dict[str, Any]]]:
+    """``request`` to every daemon in the folder, with each one's reply; sockets nobody listens on
+    any more are removed."""
+    replies = []
     for path in sorted(daemon_dir().glob("*.sock")):
         connection = _connect(path)
         if connection is None:
@@ -112,21 +123,8 @@ def running_daemons() -> list[dict[str, Any]]:
                 path.unlink()
             continue
         with contextlib.suppress(WarmError):
-            found.append({**_exchange(connection, {"op": "ping"}), "socket": str(path)})
-    return found
-
-
-def stop_daemons() -> int:
-    """Ask every daemon of this user to stop (each finishes the evaluation it is running); the
-    number asked."""
-    stopped = 0
-    for daemon in running_daemons():
-        connection = _connect(Path(daemon["socket"]))
-        if connection is not None:
-            with contextlib.suppress(WarmError):
-                _exchange(connection, {"op": "stop"})
-                stopped += 1
-    return stopped
+            replies.append((path, _exchange(connection, request)))
+    return replies
 
 
 def _connect(path: Path) -> socket.socket | None:
