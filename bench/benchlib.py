@@ -134,3 +134,10 @@ def median(values: list[float]) -> float | None:
     import statistics
 
     return statistics.median(values) if values else None
+
+
+def median_phases(phase_seconds: list[dict[str, float | None]]) -> dict[str, float | None]:
+    """Median seconds per phase over evaluations' ``phase_seconds`` (over those that report the
+    phase), phases in the order they ran: where a typical evaluation's time goes."""
+    phases = dict.fromkeys(phase for seconds in phase_seconds for phase in seconds)
+    return {phase: median([s[phase] for s in phase_seconds if s.get(phase) is not None]) for phase in phases}

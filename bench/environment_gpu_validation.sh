@@ -6,8 +6,10 @@
 #
 #   bash bench/environment_gpu_validation.sh safety-cpu   # red team, faults, sandbox on the CPU device (~8 min)
 #   bash bench/environment_gpu_validation.sh safety-cuda  # CUDA red team, GPU faults, sandboxed CUDA timing (~5 min)
-#   bash bench/environment_gpu_validation.sh builds       # CUDA samples, launcher contract, differential corpus
-#   bash bench/environment_gpu_validation.sh perf         # build contracts, latency, throughput
+#   bash bench/environment_gpu_validation.sh builds       # CUDA samples, launcher contract (~6 min cold)
+#   bash bench/environment_gpu_validation.sh perf         # build contracts, latency, throughput (~8 min)
+#   bash bench/environment_gpu_validation.sh timing       # timing repeatability, CUDA differential corpus
+#   bash bench/environment_gpu_validation.sh precision    # precision calibration (a call of its own)
 #
 # The steps share one cache (CUDA_AGENT_TEST_CACHE_DIR, C) while the machine stays up; a cold
 # cache first builds the precompiled header, torch's flags and the launcher shim (a minute or more).
@@ -20,7 +22,7 @@ export CUDA_AGENT_TEST_CACHE_DIR=$C
 OUT=${OUT:-$PWD/gpu-validation-out}
 export CUDA_AGENT_TEST_FAILURE_LOG=$OUT/failures.txt
 mkdir -p "$C" "$OUT"
-step=${1:?usage: environment_gpu_validation.sh safety-cpu|safety-cuda|builds|perf}
+step=${1:?usage: environment_gpu_validation.sh safety-cpu|safety-cuda|builds|perf|timing|precision}
 
 run() {  # run NAME LIMIT_S COMMAND...: log to $OUT/NAME.log, keep the last lines on stdout
     local name=$1 limit=$2
@@ -48,20 +50,31 @@ safety-cuda)
 builds)
     run cuda_builds 400 python -m pytest -v -m gpu --timeout 300 -p no:cacheprovider tests/gpu/test_cuda_samples.py \
         tests/gpu/test_launchers_cuda.py
-    CUDA_AGENT_BUILD_CORPUS=kernelbench_fewshot,functions_string,syntax_error,light_prelude,light_prelude_retry \
-        run differential 180 python -m pytest -v -m gpu --timeout 170 -p no:cacheprovider \
-        tests/gpu/test_build_differential_cuda.py
     ;;
 perf)
-    run contracts 150 python bench/compile.py --device cuda --tasks relu --variants 1 --cache-dir "$C" \
+    run contracts 120 python bench/compile.py --device cuda --tasks relu --variants 1 --cache-dir "$C" \
         --out "$OUT/compile_contracts_cuda.json"
-    run latency 240 python bench/verify_latency.py --device cuda --task relu --runs 4 --uncached-runs 1 \
+    run latency 230 python bench/verify_latency.py --device cuda --task relu --runs 4 --uncached-runs 1 \
         --cli-runs 3 --cache-dir "$C" --out "$OUT/verify_latency_cuda.json"
-    run throughput 180 python bench/throughput.py --device cuda --tasks relu softmax rmsnorm --candidates 30 \
-        --baseline-candidates 3 --time-budget-s 160 --cache-dir "$C" --out "$OUT/throughput_cuda.json"
+    run throughput 240 python bench/throughput.py --device cuda --tasks relu softmax rmsnorm --candidates 40 \
+        --baseline-candidates 3 --time-budget-s 200 --cache-dir "$C" --out "$OUT/throughput_cuda.json"
+    ;;
+timing)
+    run timing 240 python bench/timing.py --device cuda --repeats 10 --time-budget-s 200 --cache-dir "$C" \
+        --out "$OUT/timing_cuda.json"
+    # torch's own builder compiles each style inside the candidate worker: ~3 min for these 5 on a cold cache.
+    CUDA_AGENT_BUILD_CORPUS=kernelbench_fewshot,functions_string,syntax_error,light_prelude,light_prelude_retry \
+        run differential 330 python -m pytest -v -m gpu --timeout 320 -p no:cacheprovider \
+        tests/gpu/test_build_differential_cuda.py
+    ;;
+precision)
+    # The sequential-summation candidates are emulated step by step: 170 s covered only the matmul
+    # and the first row_sum cases on an H200 (58 s for one 16x1048576 case).
+    run calibration 570 python bench/precision_calibration.py --device cuda --markdown \
+        --out "$OUT/precision_calibration_cuda.json"
     ;;
 *)
-    echo "unknown step $step (safety-cpu, safety-cuda, builds or perf)" >&2
+    echo "unknown step $step (safety-cpu, safety-cuda, builds, perf, timing or precision)" >&2
     exit 2
     ;;
 esac

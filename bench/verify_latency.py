@@ -8,8 +8,9 @@ its policy generating between them: ``warm_eval_median_s``), and a few times as 
 (``cuda-agent verify TASK SOLUTION --json`` in a fresh process, build cached:
 ``cli_verify_cached_s``; and with ``--keep-warm``, ``--think-s`` apart, after a first call that
 starts the keep-warm evaluator: ``cli_verify_keep_warm_s``). Reports the medians, the coefficient
-of variation of ``candidate_ms`` over the cached runs, and the median ``phase_seconds`` of the warm
-runs. Prints a one-line summary and writes JSON.
+of variation of ``candidate_ms`` over the cached runs, and where the time goes: the median
+``phase_seconds`` of the cached, warm and CLI runs (``*_median_phase_seconds``; the CLI's from its
+``--json`` verdict). Prints a one-line summary and writes JSON.
 
     python bench/verify_latency.py --device cuda --task relu --runs 10 --out bench/results/verify_latency_cuda.json
 """
@@ -28,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchlib import device_label, machine_details
+from benchlib import device_label, machine_details, median_phases
 
 from cuda_agent.cli import examples_dir
 from cuda_agent.cli_support import default_device
@@ -63,26 +64,29 @@ def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
                           env={**os.environ, **env})
 
 
-def _cli_verify(task: Path, solution: Path, device: str, env: dict[str, str], *extra: str) -> float:
-    """Wall seconds of ``cuda-agent verify TASK SOLUTION --json [extra]`` in a fresh process."""
+def _cli_verify(task: Path, solution: Path, device: str, env: dict[str, str], *extra: str) -> tuple[float, dict]:
+    """Wall seconds of ``cuda-agent verify TASK SOLUTION --json [extra]`` in a fresh process, and its
+    JSON verdict (its ``phase_seconds`` say where the time went inside the command)."""
     started = time.perf_counter()
     result = _cli("verify", str(task), str(solution), "--device", device, "--json", *extra, env=env)
     elapsed = time.perf_counter() - started
-    if result.returncode != 0 or not json.loads(result.stdout or "{}").get("correct") or "warning" in result.stderr:
+    verdict = json.loads(result.stdout or "{}") if result.returncode == 0 else {}
+    if not verdict.get("correct") or "warning" in result.stderr:
         raise SystemExit(f"cuda-agent verify failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    return elapsed
+    return elapsed, verdict
 
 
-def _cli_keep_warm(task: Path, solution: Path, device: str, env: dict[str, str], runs: int, think_s: float) -> list[float]:
+def _cli_keep_warm(task: Path, solution: Path, device: str, env: dict[str, str], runs: int,
+                   think_s: float) -> list[tuple[float, dict]]:
     """``runs + 1`` calls of ``cuda-agent verify --keep-warm`` (the first starts the evaluator),
     ``think_s`` apart; the evaluator is stopped after."""
     try:
-        times = []
+        calls = []
         for run in range(runs + 1):
             if run:
                 time.sleep(think_s)
-            times.append(_cli_verify(task, solution, device, env, "--keep-warm"))
-        return times
+            calls.append(_cli_verify(task, solution, device, env, "--keep-warm"))
+        return calls
     finally:
         _cli("warm", "stop", env=env)
 
@@ -126,6 +130,8 @@ def main() -> None:
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     cached = [t for t, _ in cached_runs]
+    cli_cached = [t for t, _ in cli_runs]
+    keep_warm = [t for t, _ in keep_warm_runs]
     candidate_ms = [v.candidate_ms for _, v in cached_runs]
     cv = statistics.stdev(candidate_ms) / statistics.fmean(candidate_ms)
     environment = cached_runs[0][1].environment
@@ -137,14 +143,16 @@ def main() -> None:
         "task": args.task, "layout": args.layout, "solution": str(solution),
         "verify_uncached_median_s": statistics.median(uncached), "verify_uncached_s": uncached,
         "verify_cached_median_s": statistics.median(cached), "verify_cached_s": cached,
+        "verify_cached_median_phase_seconds": median_phases([v.phase_seconds for _, v in cached_runs]),
         "candidate_ms": candidate_ms, "candidate_ms_cv": cv,
         "warm_eval_median_s": statistics.median(t for t, _ in warm_runs), "warm_eval_s": [t for t, _ in warm_runs],
-        "warm_eval_median_phase_seconds": {
-            phase: statistics.median(v.phase_seconds.get(phase, 0.0) for _, v in warm_runs)
-            for phase in warm_runs[0][1].phase_seconds},
-        "cli_verify_cached_s": statistics.median(cli_runs), "cli_verify_cached_runs_s": cli_runs,
-        "cli_verify_keep_warm_first_s": keep_warm_runs[0],
-        "cli_verify_keep_warm_s": statistics.median(keep_warm_runs[1:]), "cli_verify_keep_warm_runs_s": keep_warm_runs,
+        "warm_eval_median_phase_seconds": median_phases([v.phase_seconds for _, v in warm_runs]),
+        "cli_verify_cached_s": statistics.median(cli_cached), "cli_verify_cached_runs_s": cli_cached,
+        "cli_verify_cached_median_phase_seconds": median_phases([v["phase_seconds"] for _, v in cli_runs]),
+        "cli_verify_keep_warm_first_s": keep_warm[0],
+        "cli_verify_keep_warm_s": statistics.median(keep_warm[1:]), "cli_verify_keep_warm_runs_s": keep_warm,
+        "cli_verify_keep_warm_median_phase_seconds": median_phases(
+            [v["phase_seconds"] for _, v in keep_warm_runs[1:]]),  # the first starts the evaluator
     }
     print(f"{args.task} ({args.layout}, {device}): verify uncached median {result['verify_uncached_median_s']:.1f} s, "
           f"cached median {result['verify_cached_median_s']:.1f} s, warm median {result['warm_eval_median_s']:.2f} s, "

@@ -53,3 +53,32 @@ def test_entries_of_the_first_schema_are_timed_again(tmp_path: Path) -> None:
                    "variant TEXT NOT NULL, stats TEXT NOT NULL, PRIMARY KEY (task_hash, device, software, variant))")
         db.execute("INSERT INTO baselines VALUES ('t', 'd', 's', 'eager_tf32_off', '{}')")
     assert BaselineCache(path, load=lambda: 0.0).get("t", "d", "s", ["eager_tf32_off"]) == {}
+
+
+def test_caches_opened_at_once_all_open(tmp_path: Path) -> None:
+    """Parallel evaluations on a fresh cache, and on one of the first schema, open it at the same
+    moment (seen on a 16-core GPU host: 'duplicate column name: load')."""
+    import sqlite3
+    import threading
+
+    fresh, old = tmp_path / "fresh.sqlite", tmp_path / "old.sqlite"
+    with sqlite3.connect(old) as db:
+        db.execute("CREATE TABLE baselines (task_hash TEXT NOT NULL, device TEXT NOT NULL, software TEXT NOT NULL, "
+                   "variant TEXT NOT NULL, stats TEXT NOT NULL, PRIMARY KEY (task_hash, device, software, variant))")
+    for path in (fresh, old):
+        start, errors = threading.Barrier(8), []
+
+        def open_cache() -> None:
+            start.wait()
+            try:
+                BaselineCache(path).put("t", "d", "s", {"eager_tf32_off": STATS})
+            except sqlite3.Error as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=open_cache) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        assert BaselineCache(path).get("t", "d", "s", ["eager_tf32_off"]) == {"eager_tf32_off": STATS}

@@ -24,6 +24,7 @@ CREATE TABLE IF NOT EXISTS baselines (
     software TEXT NOT NULL,
     variant TEXT NOT NULL,
     stats TEXT NOT NULL,
+    load REAL,
     PRIMARY KEY (task_hash, device, software, variant)
 )
 """
@@ -39,10 +40,21 @@ class BaselineCache:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._load = load
-        with self._connect() as db:
+        self._create_or_upgrade()
+
+    def _create_or_upgrade(self) -> None:
+        """Create the table, or add ``load`` to a cache of the first schema, holding the write lock
+        throughout: processes that open one cache at once (parallel evaluations on a fresh cache)
+        would otherwise all see the column missing and all try to add it."""
+        db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
             db.execute(_SCHEMA)
             if "load" not in {row[1] for row in db.execute("PRAGMA table_info(baselines)")}:
                 db.execute(_LOAD_COLUMN)
+            db.execute("COMMIT")
+        finally:
+            db.close()
 
     def _connect(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, timeout=30)

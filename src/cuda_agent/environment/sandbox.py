@@ -110,9 +110,9 @@ class Lease:
         """Kill every process left running as the lease's uid, then free the slot."""
         if self.uid is not None:
             kill_all_processes_of(self.uid)
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        lock_fd, self._lock_fd = self._lock_fd, None
+        if lock_fd is not None:
+            os.close(lock_fd)
 
 
 def acquire(config: SandboxConfig, device: str, scratch: Path, reads: tuple[Path, ...] = ()) -> Lease:

@@ -54,6 +54,7 @@ class WorkerSlot:
         (else only their host side: imports and first CPU calls; see :meth:`warm`)."""
         self.key = slot_key(config)
         self.device = config.device
+        self._close_lock, self._closed = threading.Lock(), False
         self.scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=config.scratch_dir or default_scratch_root()))
         self.scratch.chmod(0o711)  # the sandbox user may enter it, not list it
         self.reference: WorkerProcess | None = None
@@ -115,7 +116,17 @@ class WorkerSlot:
                 worker.wait_background(timeout_s)
 
     def close(self) -> None:
-        """Stop both workers (and everything they started), free the lease, remove the scratch."""
+        """Stop both workers (and everything they started), free the lease, remove the scratch.
+        Once, whoever calls: a prestarter closing a slot mid-warm-up and the warm-up thread that
+        then sees its workers die both close it (seen on a GPU host as a lease's lock descriptor
+        closed twice, which could close a descriptor reused in between)."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._stop()
+
+    def _stop(self) -> None:
         for worker in (self.candidate, self.reference):
             if worker is not None:
                 worker.close()
@@ -125,11 +136,15 @@ class WorkerSlot:
 
 
 def default_prestart_slots(device: str) -> int:
-    """Worker slots to keep warm ahead of a stream of evaluations: 2 on CUDA (starting a slot, two
-    interpreters with torch, CUDA contexts and the sandbox, takes ~3-7 s on an H100 host, longer
-    than a warm evaluation of an L1-size kernel, so one slot cannot keep a GPU busy), 1 on the CPU
-    backend (whose slots compete with the evaluation for the cores)."""
-    return 2 if device == "cuda" else 1
+    """Worker slots to keep warm ahead of a stream of evaluations. On CUDA, starting a slot (two
+    interpreters with torch, CUDA contexts and the sandbox) takes ~3-7 s on an H100/H200 host and
+    longer while builds load its cores, against ~2.5 s for a warm evaluation of an L1-size kernel:
+    with 2 slots an H200 throughput run still spent a third of its evaluation time waiting for the
+    next slot, so hosts with 12 or more cores keep 3 (2 below that). The CPU backend keeps 1: its
+    slots compete with the evaluation for the cores."""
+    if device != "cuda":
+        return 1
+    return 3 if (os.cpu_count() or 1) >= 12 else 2
 
 
 class Prestarter:
