@@ -68,8 +68,8 @@ timing)
         tests/gpu/test_build_differential_cuda.py
     ;;
 precision)
-    # The sequential-summation candidates are emulated step by step: 170 s covered only the matmul
-    # and the first row_sum cases on an H200 (58 s for one 16x1048576 case).
+    # Step-by-step emulations ran on the GPU before (170 s covered only the matmul and the first
+    # row_sum cases on an H200, 58 s for one 16x1048576 case); they now run on the host (on_host).
     run calibration 570 python bench/precision_calibration.py --device cuda --markdown \
         --out "$OUT/precision_calibration_cuda.json"
     ;;

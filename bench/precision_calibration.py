@@ -42,6 +42,7 @@ searches (K, floor) for the pair with the widest worst-case log2 margin over tho
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -85,10 +86,29 @@ def round_tf32(x: torch.Tensor) -> torch.Tensor:
     return rounded.view(torch.float32)
 
 
+def on_host(emulation: Callable) -> Callable:
+    """Run a step-by-step emulation (one fp32 operation per reduction element) on the CPU and hand
+    its tensors back on the inputs' device. On a GPU every step is a kernel launch: one 16x1048576
+    sequential row sum took 58 s on an H200. IEEE fp32 add, multiply, divide and max round alike on
+    both; the online softmax's ``exp`` comes from the host's math library (within an ulp or two of
+    CUDA's ``expf``)."""
+
+    @functools.wraps(emulation)
+    def run(*args):
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), torch.device("cpu"))
+        if device.type == "cpu":
+            return emulation(*args)
+        result = emulation(*(a.cpu() if isinstance(a, torch.Tensor) else a for a in args))
+        return tuple(r.to(device) for r in result) if isinstance(result, tuple) else result.to(device)
+
+    return run
+
+
 # ------------------------------------------------------------------------------------------------
 # Summation orders. Each takes terms of shape (K, *batch) and sums over dim 0, rounding every
 # partial result to the terms' dtype (fp32, or fp16 for fp16 accumulation).
 # ------------------------------------------------------------------------------------------------
+@on_host
 def sum_sequential(t: torch.Tensor) -> torch.Tensor:
     acc = t[0].clone()
     for k in range(1, t.shape[0]):
@@ -121,6 +141,7 @@ def sum_split_k(t: torch.Tensor) -> torch.Tensor:
     return sum_sequential(sum_sequential(_lanes(t, splits)))
 
 
+@on_host
 def _kahan(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s, c = torch.zeros_like(t[0]), torch.zeros_like(t[0])
     for k in range(t.shape[0]):
@@ -164,16 +185,20 @@ def reduce(a: torch.Tensor, b: torch.Tensor | None, how: str) -> torch.Tensor:
     if how == "sequential_fma":
         if b is None:
             return sum_sequential(a.contiguous())
-        a64, b64 = a.double(), b.double()
-        acc = (a64[0] * b64[0]).float()
-        for k in range(1, a.shape[0]):
-            acc = (acc.double() + a64[k] * b64[k]).float()  # one rounding per step, as an FMA
-        return acc
+        return _fma_sequential(a.double(), b.double())
     if how == "fp16_accumulate":  # operands already fp16-rounded; products and partials rounded to fp16
         terms = round_fp16(a * b) if b is not None else a
         return sum_pairwise(terms.half().contiguous()).float()
     terms = a * b if b is not None else a
     return ORDERS[how](terms.contiguous())
+
+
+@on_host
+def _fma_sequential(a64: torch.Tensor, b64: torch.Tensor) -> torch.Tensor:
+    acc = (a64[0] * b64[0]).float()
+    for k in range(1, a64.shape[0]):
+        acc = (acc.double() + a64[k] * b64[k]).float()  # one rounding per step, as an FMA
+    return acc
 
 
 # ------------------------------------------------------------------------------------------------
@@ -244,13 +269,8 @@ def op_softmax(rows: int, n: int) -> Op:
         return [_draw(gen, dist, (rows, n), device)]
 
     def emulate(x, how, gen):
-        if how == "online":  # one pass: running max, running sum rescaled whenever the max grows
-            xt = x.t().contiguous()
-            m, s = xt[0].clone(), torch.ones_like(xt[0])
-            for k in range(1, n):
-                m_new = torch.maximum(m, xt[k])
-                s = s * torch.exp(m - m_new) + torch.exp(xt[k] - m_new)
-                m = m_new
+        if how == "online":
+            m, s = _online_max_and_sum(x.t().contiguous())
             return torch.exp(x - m[:, None]) / s[:, None]
         m = x.max(-1, keepdim=True).values
         if how == "fast_exp":  # exp(x - m) as exp2(x*log2e - m*log2e): the fused-scale trick of fast kernels
@@ -264,6 +284,28 @@ def op_softmax(rows: int, n: int) -> Op:
 
     return Op("softmax", f"{rows}x{n}", n, make, lambda x: torch.softmax(x, -1), emulate,
               extra_honest=["online", "fast_exp"], products=False)
+
+
+@on_host
+def _online_max_and_sum(xt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One pass over (n, rows): running max, running sum rescaled whenever the max grows."""
+    m, s = xt[0].clone(), torch.ones_like(xt[0])
+    for k in range(1, xt.shape[0]):
+        m_new = torch.maximum(m, xt[k])
+        s = s * torch.exp(m - m_new) + torch.exp(xt[k] - m_new)
+        m = m_new
+    return m, s
+
+
+@on_host
+def _welford(xt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Welford's running mean and sum of squared deviations over (n, rows)."""
+    mean, m2 = torch.zeros_like(xt[0]), torch.zeros_like(xt[0])
+    for k in range(xt.shape[0]):
+        delta = xt[k] - mean
+        mean = mean + delta / (k + 1)
+        m2 = m2 + delta * (xt[k] - mean)
+    return mean, m2
 
 
 def _perturb_rsqrt(r: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
@@ -284,12 +326,7 @@ def op_layernorm(rows: int, n: int) -> Op:
 
     def emulate(x, how, gen):
         if how == "welford":
-            xt = x.t().contiguous()
-            mean, m2 = torch.zeros_like(xt[0]), torch.zeros_like(xt[0])
-            for k in range(n):
-                delta = xt[k] - mean
-                mean = mean + delta / (k + 1)
-                m2 = m2 + delta * (xt[k] - mean)
+            mean, m2 = _welford(x.t().contiguous())
             return (x - mean[:, None]) * torch.rsqrt(m2 / n + LN_EPS)[:, None]
         if how == "one_pass":  # var = E[x^2] - E[x]^2 (pairwise sums)
             mean = reduce(x.t(), None, "pairwise") / n
