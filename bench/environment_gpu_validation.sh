@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU validation of the evaluation environment, in four steps that each fit one 10-minute call on a
+# GPU validation of the evaluation environment, in six steps that each fit one 10-minute call on a
 # 16-core GPU host (timings from an H100/H200 on 2026-11-26; logs and JSON go to $OUT, or
 # ./gpu-validation-out when OUT is unset; each failure's report is appended to
 # $OUT/failures.txt as it happens, so a step stopped by its limit still says why):
