@@ -4,6 +4,7 @@ the fixtures)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 import threading
 from pathlib import Path
 
@@ -136,3 +137,23 @@ def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.05) -> b
         if time.monotonic() > deadline:
             return bool(predicate())
         time.sleep(interval_s)
+
+
+def errors_when_run_at_once(action: Callable[[], object], threads: int) -> list[BaseException]:
+    """Run ``action`` in ``threads`` threads released together by a barrier (to provoke races);
+    returns what they raised."""
+    start, errors = threading.Barrier(threads), []
+
+    def run() -> None:
+        start.wait()
+        try:
+            action()
+        except BaseException as exc:  # noqa: BLE001 - returned for the test's assertion
+            errors.append(exc)
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return errors

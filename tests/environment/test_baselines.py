@@ -7,6 +7,8 @@ from pathlib import Path
 from cuda_agent.environment.baselines import BaselineCache
 from cuda_agent.environment.verdict import TimingStats
 
+from support import errors_when_run_at_once
+
 STATS = TimingStats(median_ms=1.5, mean_ms=1.6, std_ms=0.1, n=10, rel_std_err=0.02, budget_exhausted=False)
 
 
@@ -59,26 +61,12 @@ def test_caches_opened_at_once_all_open(tmp_path: Path) -> None:
     """Parallel evaluations on a fresh cache, and on one of the first schema, open it at the same
     moment (seen on a 16-core GPU host: 'duplicate column name: load')."""
     import sqlite3
-    import threading
 
     fresh, old = tmp_path / "fresh.sqlite", tmp_path / "old.sqlite"
     with sqlite3.connect(old) as db:
         db.execute("CREATE TABLE baselines (task_hash TEXT NOT NULL, device TEXT NOT NULL, software TEXT NOT NULL, "
                    "variant TEXT NOT NULL, stats TEXT NOT NULL, PRIMARY KEY (task_hash, device, software, variant))")
     for path in (fresh, old):
-        start, errors = threading.Barrier(8), []
-
-        def open_cache() -> None:
-            start.wait()
-            try:
-                BaselineCache(path).put("t", "d", "s", {"eager_tf32_off": STATS})
-            except sqlite3.Error as exc:
-                errors.append(exc)
-
-        threads = [threading.Thread(target=open_cache) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        errors = errors_when_run_at_once(lambda: BaselineCache(path).put("t", "d", "s", {"eager_tf32_off": STATS}), 8)
         assert errors == []
         assert BaselineCache(path).get("t", "d", "s", ["eager_tf32_off"]) == {"eager_tf32_off": STATS}
