@@ -8,8 +8,8 @@
 #   bash bench/environment_gpu_validation.sh safety-cuda  # CUDA red team, GPU faults, sandboxed CUDA timing (~5 min)
 #   bash bench/environment_gpu_validation.sh builds       # CUDA samples, launcher contract (~6 min cold)
 #   bash bench/environment_gpu_validation.sh perf         # build contracts, latency, throughput (~8 min)
-#   bash bench/environment_gpu_validation.sh timing       # timing repeatability, CUDA differential corpus
-#   bash bench/environment_gpu_validation.sh precision    # precision calibration (a call of its own)
+#   bash bench/environment_gpu_validation.sh timing       # timing repeatability, with and without a CPU set apart (~8 min)
+#   bash bench/environment_gpu_validation.sh precision    # precision calibration, CUDA differential corpus (~5 min)
 #
 # The steps share one cache (CUDA_AGENT_TEST_CACHE_DIR, C) while the machine stays up; a cold
 # cache first builds the precompiled header, torch's flags and the launcher shim (a minute or more).
@@ -60,18 +60,23 @@ perf)
         --baseline-candidates 3 --time-budget-s 200 --cache-dir "$C" --out "$OUT/throughput_cuda.json"
     ;;
 timing)
-    run timing 240 python bench/timing.py --device cuda --repeats 10 --time-budget-s 200 --cache-dir "$C" \
+    # Builds and baselines first (a cold cache: ~3.5 min for the 4 sizes on an H200), then the
+    # repeats; the second run is the same with no CPU set apart for timing, for comparison.
+    run timing 280 python bench/timing.py --device cuda --repeats 10 --time-budget-s 230 --cache-dir "$C" \
         --out "$OUT/timing_cuda.json"
-    # torch's own builder compiles each style inside the candidate worker: ~3 min for these 5 on a cold cache.
-    CUDA_AGENT_BUILD_CORPUS=kernelbench_fewshot,functions_string,syntax_error,light_prelude,light_prelude_retry \
-        run differential 330 python -m pytest -v -m gpu --timeout 320 -p no:cacheprovider \
-        tests/gpu/test_build_differential_cuda.py
+    CUDA_AGENT_TIMED_CPU=off run timing_not_set_apart 200 python bench/timing.py --device cuda --sizes 10us 100us \
+        --repeats 10 --time-budget-s 160 --cache-dir "$C" --out "$OUT/timing_cuda_not_set_apart.json"
     ;;
 precision)
-    # Step-by-step emulations ran on the GPU before (170 s covered only the matmul and the first
-    # row_sum cases on an H200, 58 s for one 16x1048576 case); they now run on the host (on_host).
-    run calibration 570 python bench/precision_calibration.py --device cuda --markdown \
-        --out "$OUT/precision_calibration_cuda.json"
+    # The calibration (~4 min on an H200; step-by-step emulations run on the host) and the CUDA
+    # differential corpus (torch's own builder compiles each style in the candidate worker: ~5 min
+    # for these 5 on a cold cache) side by side.
+    run calibration 330 python bench/precision_calibration.py --device cuda --markdown \
+        --out "$OUT/precision_calibration_cuda.json" &
+    CUDA_AGENT_BUILD_CORPUS=kernelbench_fewshot,functions_string,syntax_error,light_prelude,light_prelude_retry \
+        run differential 330 python -m pytest -v -m gpu --timeout 320 -p no:cacheprovider \
+        tests/gpu/test_build_differential_cuda.py &
+    wait
     ;;
 *)
     echo "unknown step $step (safety-cpu, safety-cuda, builds, perf, timing or precision)" >&2

@@ -29,6 +29,7 @@ from cuda_agent.environment.build_sandbox import (
 from cuda_agent.environment.launchers import shim_key, shim_object_path
 from cuda_agent.environment.config import BuildConfig, Device, SandboxConfig
 from cuda_agent.environment.solution import Solution
+from cuda_agent.environment.timed_cpus import split_for, start_off_timed
 from cuda_agent.environment.verdict import BuildInfo
 from cuda_agent.environment.worker import child_env, signal_name
 
@@ -215,7 +216,8 @@ def _run_compile_child(place: BuildPlace, device: Device, config: BuildConfig, b
         proc = subprocess.Popen(
             [sys.executable, "-m", "cuda_agent.environment.build_worker", str(place.spec_path)],
             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            env=env, cwd=place.work_dir, start_new_session=True, preexec_fn=place.preexec,
+            env=env, cwd=place.work_dir, start_new_session=True,
+            preexec_fn=start_off_timed(split_for(device), place.preexec),  # off the CPUs set apart for timing
         )
         try:
             proc.wait(timeout=config.timeout_s)

@@ -36,6 +36,7 @@ from cuda_agent.environment.config import BuildConfig, Device, LimitsConfig, San
 from cuda_agent.environment.launchers import shim_object_path
 from cuda_agent.environment.owned_scratch import make_owned_dir
 from cuda_agent.environment.solution import Solution
+from cuda_agent.environment.timed_cpus import split_for, start_off_timed
 from cuda_agent.environment.worker import child_env, die_with_parent
 
 MAX_COPIED_BYTES = 64 * 1024 * 1024
@@ -200,7 +201,8 @@ def prepare_toolchain(device: Device, config: BuildConfig, cache_dir: Path, tool
         try:
             result = subprocess.run([sys.executable, "-m", "cuda_agent.environment.build_worker", "--precompile",
                                      json.dumps(spec)], env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                                    text=True, timeout=config.timeout_s, preexec_fn=die_with_parent, check=False)
+                                    text=True, timeout=config.timeout_s, check=False,
+                                    preexec_fn=start_off_timed(split_for(device), die_with_parent))
         except subprocess.TimeoutExpired:
             return f"the preparation exceeded build.timeout_s ({config.timeout_s:g} s) and was killed"
         if pch:

@@ -30,6 +30,7 @@ from cuda_agent.environment.reward import milestone_reward
 from cuda_agent.environment.solution import Layout, Solution, SolutionError, load_solution
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
 from cuda_agent.environment.call_seeds import call_seed
+from cuda_agent.environment.timed_cpus import timing_on
 from cuda_agent.environment.verdict import Status, TimingStats, TrialResult, Verdict, Violation
 from cuda_agent.environment.slots import Prestarter, WorkerSlot
 from cuda_agent.environment.worker import (
@@ -183,6 +184,8 @@ class _Evaluation:
         self.verdict.environment["prestarted"] = self.slot is not None
         if self.slot is None:
             self.slot = WorkerSlot(self.config)
+        split = self.slot.cpu_split
+        self.verdict.environment["timed_cpus"] = split.describe() if split is not None else "not set apart"
 
     def _lay_out(self, solution: Solution) -> None:
         """The task file (read-only to everyone) and a root-owned, read-only copy of the solution's
@@ -263,14 +266,16 @@ class _Evaluation:
         device_key = env.get("gpu") or f"cpu:{env.get('cpu')}:{env.get('threads')}"
         timing = self._timing
         software = (f"torch={env.get('torch')};cuda={env.get('cuda')};compile={timing.compile_mode};"
-                    f"batch_min_ms={timing.batch_min_ms:g}" + timing_method_key(timing))
+                    f"batch_min_ms={timing.batch_min_ms:g}" + timing_method_key(timing)
+                    + (";timed_cpu_apart" if self.slot.cpu_split is not None else ""))
         cache = BaselineCache(self.config.cache_dir / "baselines.sqlite")
         stats = cache.get(self.task.code_hash, device_key, software, variants)
         missing = [v for v in variants if v not in stats]
         if missing:
-            reply = self._ask_reference("baselines", {
-                "variants": missing, "seed": self.config.verify.init_seed, "timing": dataclasses.asdict(timing),
-            })
+            with timing_on(self.slot.cpu_split, self.slot.reference.proc.pid):
+                reply = self._ask_reference("baselines", {
+                    "variants": missing, "seed": self.config.verify.init_seed, "timing": dataclasses.asdict(timing),
+                })
             fresh = {v: TimingStats.from_dict(s) for v, s in reply["stats"].items()}
             cache.put(self.task.code_hash, device_key, software, fresh)
             stats.update(fresh)
@@ -365,11 +370,12 @@ class _Evaluation:
     def _time_candidate(self, host_clock: bool) -> TimingStats:
         """One timing loop in the candidate worker, its audited calls checked by the reference."""
         noise_seed = secrets.randbits(62)
-        reply = self._ask_candidate("time", {
-            "inputs_path": str(self._inputs_path(_TIMED_TRIAL)), "timing": dataclasses.asdict(self._timing),
-            "noise_seed": noise_seed, "audits": self.config.verify.timed_audits, "audit_seed": secrets.randbits(62),
-            "out_dir": str(self.scratch / "out"), "host_clock": host_clock,
-        }, self.config.limits.timing_timeout_s, context="timing (host clock)" if host_clock else "timing")
+        with timing_on(self.slot.cpu_split, self.slot.candidate.proc.pid):
+            reply = self._ask_candidate("time", {
+                "inputs_path": str(self._inputs_path(_TIMED_TRIAL)), "timing": dataclasses.asdict(self._timing),
+                "noise_seed": noise_seed, "audits": self.config.verify.timed_audits, "audit_seed": secrets.randbits(62),
+                "out_dir": str(self.scratch / "out"), "host_clock": host_clock,
+            }, self.config.limits.timing_timeout_s, context="timing (host clock)" if host_clock else "timing")
         self._raise_on_violations(reply)
         stats = TimingStats.from_dict(reply["stats"])
         self._audit_timed_calls(reply.get("audited"), stats.n * stats.calls_per_sample, noise_seed)

@@ -22,6 +22,7 @@ from typing import Iterator
 
 from cuda_agent.environment import sandbox
 from cuda_agent.environment.config import EvalConfig
+from cuda_agent.environment.timed_cpus import split_for
 from cuda_agent.environment.worker import WorkerProcess, child_env
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,8 @@ class WorkerSlot:
         (else only their host side: imports and first CPU calls; see :meth:`warm`)."""
         self.key = slot_key(config)
         self.device = config.device
+        self.cpu_split = split_for(config.device)
+        """Both workers start off the CPUs set apart for timing; see ``timed_cpus``."""
         self._close_lock, self._closed = threading.Lock(), False
         self.scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=config.scratch_dir or default_scratch_root()))
         self.scratch.chmod(0o711)  # the sandbox user may enter it, not list it
@@ -81,7 +84,7 @@ class WorkerSlot:
             self.lease.give_to_candidate(self.scratch / name)
         self.reference = WorkerProcess(
             "cuda_agent.environment.reference_worker", env=child_env(), cwd=self.scratch,
-            log_path=self.scratch / "reference.log",
+            log_path=self.scratch / "reference.log", cpu_split=self.cpu_split,
         )
         workdir = self.scratch / "candidate"
         user = "cuda-agent-sandbox"  # the sandbox uid has no passwd entry: getpass.getuser() reads these
@@ -93,6 +96,7 @@ class WorkerSlot:
             "cuda_agent.environment.candidate_worker", env=env, cwd=workdir,
             log_path=self.scratch / "candidate.log", mem_mb=config.limits.mem_mb, preexec=preexec,
             disk_dirs=(workdir, self.scratch / "out", self.extensions_dir), disk_mb=config.limits.disk_mb,
+            cpu_split=self.cpu_split,
         )
 
     def _send_warm(self, device: str) -> None:

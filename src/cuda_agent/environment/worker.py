@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import cuda_agent
+from cuda_agent.environment.timed_cpus import CpuSplit, start_off_timed
 
 _MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 _ENV_KEEP = (
@@ -97,7 +98,8 @@ def signal_name(returncode: int) -> str:
 
 
 class WorkerProcess:
-    """Parent-side handle on one worker: launch, request/reply with limits, kill."""
+    """Parent-side handle on one worker: launch, request/reply with limits, kill. With a
+    ``cpu_split`` the worker starts on its ``others`` CPUs (see ``timed_cpus``)."""
 
     def __init__(
         self,
@@ -110,6 +112,7 @@ class WorkerProcess:
         preexec: Callable[[], None] | None = None,
         disk_dirs: tuple[Path, ...] = (),
         disk_mb: int | None = None,
+        cpu_split: CpuSplit | None = None,
     ) -> None:
         self.module = module
         self.log_path = log_path
@@ -133,7 +136,7 @@ class WorkerProcess:
                 env=env,
                 cwd=cwd,
                 start_new_session=True,
-                preexec_fn=preexec or _no_core_dumps,
+                preexec_fn=start_off_timed(cpu_split, preexec or _no_core_dumps),
             )
         os.close(to_child_r)
         os.close(from_child_w)

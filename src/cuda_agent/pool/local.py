@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.environment import EvalConfig, Verdict
+from cuda_agent.environment import timed_cpus
 from cuda_agent.environment.owned_scratch import make_owned_dir, sweep_orphans
 from cuda_agent.environment.slots import default_scratch_root
 from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProcess, child_env
@@ -53,12 +54,14 @@ class ProcessLane(EvalLane):
         scratch_root: the pool's scratch folder; the lane uses ``<scratch_root>/<name>``.
         gpu: the ``CUDA_VISIBLE_DEVICES`` entry the worker gets, or None (CPU lane).
         job_timeout_s: a worker silent this long on one job is killed.
+        timed_cpu: the worker's ``CUDA_AGENT_TIMED_CPU`` (None: this process's).
     """
 
     def __init__(self, name: str, config: EvalConfig, staging_dir: Path, scratch_root: Path,
-                 gpu: str | None, job_timeout_s: float) -> None:
+                 gpu: str | None, job_timeout_s: float, timed_cpu: str | None = None) -> None:
         self.name = name
         self.config, self.staging_dir, self.gpu, self.job_timeout_s = config, staging_dir, gpu, job_timeout_s
+        self.timed_cpu = timed_cpu
         slug = name.replace(":", "-")
         self.scratch = scratch_root / slug
         self.log_path = scratch_root / f"{slug}.log"
@@ -67,7 +70,8 @@ class ProcessLane(EvalLane):
     def start(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)  # a dead worker's unfinished evaluations
         (self.scratch / "evals").mkdir(parents=True)
-        env = child_env(None if self.gpu is None else {"CUDA_VISIBLE_DEVICES": self.gpu})
+        env = child_env({**({} if self.gpu is None else {"CUDA_VISIBLE_DEVICES": self.gpu}),
+                         **({} if self.timed_cpu is None else {timed_cpus.ENV_VAR: self.timed_cpu})})
         worker = WorkerProcess("cuda_agent.pool.process_worker", env=env, cwd=self.scratch, log_path=self.log_path)
         self._worker = worker
         try:
@@ -109,8 +113,9 @@ class LocalPool(LanePipeline):
         for orphan in {*sweep_orphans(root), *sweep_orphans(default_scratch_root())}:
             logger.info("removed %s, left behind by a process that was killed", orphan)
         self.scratch_root = make_owned_dir("pool", root)
-        lanes = [ProcessLane(name, config, staging_dir, self.scratch_root, gpu, pool_config.job_timeout_s)
-                 for name, gpu in slots]
+        settings = _lane_timed_cpus(config, len(slots))
+        lanes = [ProcessLane(name, config, staging_dir, self.scratch_root, gpu, pool_config.job_timeout_s, setting)
+                 for (name, gpu), setting in zip(slots, settings)]
         work = PoolWork(config, staging_dir)
         super().__init__("local", lanes, work.build, pool_config.compile_workers or os.cpu_count() or 1,
                          pool_config.queue_size or 2 * len(lanes), pool_config.max_attempts)
@@ -118,6 +123,19 @@ class LocalPool(LanePipeline):
     def close(self, cancel_pending: bool = False) -> None:
         super().close(cancel_pending)
         shutil.rmtree(self.scratch_root, ignore_errors=True)
+
+
+def _lane_timed_cpus(config: EvalConfig, lanes: int) -> list[str | None]:
+    """Each lane's ``CUDA_AGENT_TIMED_CPU``: with several GPU lanes, a CPU of its own each (and
+    this process's builds keep all of them free), or none set apart where the host has too few
+    CPUs; one lane keeps this process's setting."""
+    if config.device != "cuda" or lanes < 2:
+        return [None] * lanes
+    settings = timed_cpus.lane_settings(lanes)
+    if settings is None:
+        return ["off"] * lanes
+    timed_cpus.use_setting(settings[0])  # its list holds every lane's CPU
+    return list(settings)
 
 
 def _lane_slots(config: EvalConfig, pool_config: PoolConfig) -> list[tuple[str, str | None]]:

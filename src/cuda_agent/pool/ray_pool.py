@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.environment import EvalConfig, Verdict
+from cuda_agent.environment import timed_cpus
 from cuda_agent.pool.base import EvalLane, JobRejected, LaneFailed
 from cuda_agent.pool.config import PoolConfig, PoolConfigError
 from cuda_agent.pool.jobs import EvalJob
@@ -106,7 +107,9 @@ class RayPool(LanePipeline):
         workers = pool_config.workers or (int(resources.get("GPU", 0)) if on_gpu else 1)
         if workers < 1:
             raise PoolConfigError("device is 'cuda' but the Ray cluster has no GPU")
-        actor_class = ray.remote(num_gpus=1 if on_gpu else 0, num_cpus=1, max_restarts=0)(PoolWorkActor)
+        # Actors sharing a node cannot agree on a CPU each to time on (see timed_cpus): none is set apart.
+        actor_class = ray.remote(num_gpus=1 if on_gpu else 0, num_cpus=1, max_restarts=0,
+                                 runtime_env={"env_vars": {timed_cpus.ENV_VAR: "off"}})(PoolWorkActor)
         build_task = ray.remote(num_cpus=1, num_gpus=0, max_retries=1)(_build_in_task)
         staging = str(pool_config.staging_dir or default_staging_dir(config))
         config_dict = config.to_dict()

@@ -1,0 +1,134 @@
+"""A core set apart for timing: which CPUs, processes started off them, and the timing thread on them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cuda_agent.environment import Status, slots, timed_cpus
+from cuda_agent.environment.timed_cpus import CpuSplit, TimedCpuError, split_cpus, start_off_timed, timing_on
+from cuda_agent.environment.worker import WorkerProcess, child_env
+
+from support import SMALL_RELU_TASK
+
+HYPER_THREADED_16 = set(range(16))
+
+
+def pairs(cpu: int) -> set[int]:
+    """Siblings of a 16-CPU host with 8 cores of 2 hyper-threads (cpu n and n+8)."""
+    return {cpu % 8, cpu % 8 + 8}
+
+
+needs_two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to move threads between")
+SPLIT = CpuSplit(timed=frozenset({max(os.sched_getaffinity(0))}),
+                 others=frozenset(os.sched_getaffinity(0) - {max(os.sched_getaffinity(0))}))
+
+
+def test_auto_sets_apart_the_highest_cpu_with_its_hyper_thread_sibling() -> None:
+    split = split_cpus(HYPER_THREADED_16, pairs)
+    assert split == CpuSplit(frozenset({7, 15}), frozenset(HYPER_THREADED_16 - {7, 15}))
+    assert split.describe() == "cpu 7,15 for timing, workers and builds on cpu 0-6,8-14"
+
+
+def test_small_hosts_and_off_set_nothing_apart() -> None:
+    assert split_cpus(set(range(timed_cpus.MIN_CPUS - 1)), pairs) is None
+    assert split_cpus(HYPER_THREADED_16, pairs, "off") is None
+
+
+def test_a_list_names_this_process_cpu_first_and_keeps_the_others_free() -> None:
+    split = split_cpus(HYPER_THREADED_16, pairs, "14,15")
+    assert split.timed == {6, 14}
+    assert split.others == HYPER_THREADED_16 - {6, 7, 14, 15}
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("fifteen", "must be 'auto', 'off' or CPU numbers"),
+    ("16", "names CPUs this process may not use (it may use cpu 0-15)"),
+    (",".join(map(str, range(16))), "leaves no CPU for the workers and builds"),
+])
+def test_a_bad_setting_is_named_in_the_error(setting: str, message: str) -> None:
+    with pytest.raises(TimedCpuError, match="CUDA_AGENT_TIMED_CPU") as error:
+        split_cpus(HYPER_THREADED_16, pairs, setting)
+    assert message in str(error.value)
+
+
+def test_gpu_lanes_get_a_core_each_and_keep_each_other_free(monkeypatch) -> None:
+    monkeypatch.delenv(timed_cpus.ENV_VAR, raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)))
+    monkeypatch.setattr(timed_cpus, "thread_siblings", lambda cpu: {cpu % 16, cpu % 16 + 16})
+    settings = timed_cpus.lane_settings(2)
+    assert settings == ["31,30", "30,31"]
+    lane_two = split_cpus(set(range(32)), timed_cpus.thread_siblings, settings[1])
+    assert lane_two.timed == {14, 30} and not lane_two.others & {14, 15, 30, 31}
+    assert timed_cpus.lane_settings(12) is None  # would leave the builds less than half the CPUs
+
+
+@needs_two_cpus
+def test_a_process_starts_on_the_other_cpus_and_times_on_the_set_apart_one() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             preexec_fn=start_off_timed(SPLIT, None))
+    try:
+        assert os.sched_getaffinity(child.pid) == SPLIT.others
+        with timing_on(SPLIT, child.pid):
+            assert os.sched_getaffinity(child.pid) == SPLIT.timed
+        assert os.sched_getaffinity(child.pid) == SPLIT.others
+    finally:
+        child.kill()
+        child.wait()
+    with timing_on(SPLIT, child.pid):  # gone: it would have timed where it was
+        pass
+
+
+@needs_two_cpus
+def test_worker_processes_start_off_the_set_apart_cpus(tmp_path) -> None:
+    worker = WorkerProcess("cuda_agent.environment.reference_worker", env=child_env(), cwd=tmp_path,
+                           log_path=tmp_path / "worker.log", cpu_split=SPLIT)
+    try:
+        assert os.sched_getaffinity(worker.proc.pid) == SPLIT.others
+    finally:
+        worker.kill()
+
+
+_WRONG_ON_THE_TIMED_CPU = f"""
+import os
+
+import torch
+import torch.nn as nn
+
+import cuda_extension
+
+
+class ModelNew(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.contiguous()
+        out = torch.empty_like(x)
+        if os.sched_getaffinity(0) == {set(SPLIT.timed)!r}:
+            cuda_extension.relu_slightly_wrong(x.data_ptr(), out.data_ptr(), x.numel())
+        else:
+            cuda_extension.relu_ok(x.data_ptr(), out.data_ptr(), x.numel())
+        return out
+"""
+
+
+@pytest.mark.slow  # uses the shared fault-kernel build
+@needs_two_cpus
+@pytest.mark.parametrize("set_apart", [True, False])
+def test_only_the_timed_calls_run_on_the_set_apart_cpu(set_apart, run_evaluation, fault_solution,
+                                                      runtime_only_config, monkeypatch) -> None:
+    """A candidate that is wrong only on the set apart CPU passes its trials and fails the audit
+    of its timed calls; with nothing set apart it is simply correct. (The static guards, which
+    would reject its affinity check in ``forward``, are off.)"""
+    monkeypatch.setattr(slots, "split_for", lambda device: SPLIT if set_apart else None)
+    solution = fault_solution("relu_ok")
+    (solution / "model_new.py").write_text(_WRONG_ON_THE_TIMED_CPU)
+    verdict = run_evaluation(SMALL_RELU_TASK, solution, runtime_only_config)
+    if set_apart:
+        assert verdict.status is Status.GUARD_VIOLATION, verdict.error
+        assert [v.code for v in verdict.violations] == ["timed-output-incorrect"]
+        assert verdict.environment["timed_cpus"] == SPLIT.describe()
+    else:
+        assert verdict.status is Status.CORRECT, verdict.error
+        assert verdict.environment["timed_cpus"] == "not set apart"
