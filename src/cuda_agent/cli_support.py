@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from cuda_agent.environment import ConfigError, EvalConfig
+from cuda_agent.environment import ConfigError, EvalConfig, timed_cpus
 from cuda_agent.environment.guards import GuardConfigError
 
 EXIT_BAD_USAGE = 2
@@ -62,6 +62,11 @@ def require_local_device(config: EvalConfig) -> None:
     if config.device == "cuda" and not cuda_visible():
         fail_usage("--device cuda: no CUDA GPU is visible on this machine (torch is a CPU build, the NVIDIA "
                    "driver lists no GPU, or CUDA_VISIBLE_DEVICES hides them); use --device cpu")
+    if config.device == "cuda":
+        try:
+            timed_cpus.host_split()
+        except timed_cpus.TimedCpuError as exc:
+            fail_usage(str(exc))
 
 
 def read_yaml_config(path: Path) -> dict[str, Any]:

@@ -9,8 +9,10 @@ import sys
 import pytest
 
 from cuda_agent.environment import Status, slots, timed_cpus
-from cuda_agent.environment.timed_cpus import CpuSplit, TimedCpuError, split_cpus, start_off_timed, timing_on
+from cuda_agent.environment.timed_cpus import CpuSplit, TimedCpuError, pinned_to, split_cpus, start_off_timed
 from cuda_agent.environment.worker import WorkerProcess, child_env
+from cuda_agent.pool.config import PoolConfigError
+from cuda_agent.pool.local import _lane_timed_cpus
 
 from support import SMALL_RELU_TASK
 
@@ -67,19 +69,62 @@ def test_gpu_lanes_get_a_core_each_and_keep_each_other_free(monkeypatch) -> None
 
 
 @needs_two_cpus
-def test_a_process_starts_on_the_other_cpus_and_times_on_the_set_apart_one() -> None:
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                             preexec_fn=start_off_timed(SPLIT, None))
+def test_a_process_started_off_the_set_apart_cpus_stays_off_them() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                             preexec_fn=start_off_timed(SPLIT, None), stdout=subprocess.PIPE, text=True)
+    assert child.communicate(timeout=60)[0].strip() == str(sorted(SPLIT.others))
+
+
+@needs_two_cpus
+def test_a_thread_times_on_the_set_apart_cpus_and_moves_back() -> None:
+    before = os.sched_getaffinity(0)
+    with pinned_to(sorted(SPLIT.timed)) as moved:
+        assert moved and os.sched_getaffinity(0) == SPLIT.timed
+    assert os.sched_getaffinity(0) == before
+    with pinned_to(None) as moved:
+        assert not moved and os.sched_getaffinity(0) == before
+
+
+def test_the_cpu_backend_sets_nothing_apart_whatever_the_setting(monkeypatch) -> None:
+    monkeypatch.setenv(timed_cpus.ENV_VAR, "0")
+    timed_cpus.host_split.cache_clear()
     try:
-        assert os.sched_getaffinity(child.pid) == SPLIT.others
-        with timing_on(SPLIT, child.pid):
-            assert os.sched_getaffinity(child.pid) == SPLIT.timed
-        assert os.sched_getaffinity(child.pid) == SPLIT.others
+        assert timed_cpus.split_for("cpu") is None
+        assert timed_cpus.split_for("cuda") is not None  # the named CPU, on any host
     finally:
-        child.kill()
-        child.wait()
-    with timing_on(SPLIT, child.pid):  # gone: it would have timed where it was
-        pass
+        monkeypatch.delenv(timed_cpus.ENV_VAR)
+        timed_cpus.host_split.cache_clear()
+
+
+def test_pool_lanes_get_the_setting_passed_on_and_a_list_is_refused_for_several(monkeypatch, make_config) -> None:
+    config = make_config(device="cuda")
+    monkeypatch.setenv(timed_cpus.ENV_VAR, "off")
+    timed_cpus.host_split.cache_clear()
+    assert _lane_timed_cpus(config, 1) == ["off"]  # lanes get an allow-list of the environment: passed explicitly
+    assert _lane_timed_cpus(config, 2) == ["off", "off"]
+    assert _lane_timed_cpus(make_config(), 2) == [None, None]  # CPU lanes
+    monkeypatch.setenv(timed_cpus.ENV_VAR, "0")
+    timed_cpus.host_split.cache_clear()
+    with pytest.raises(PoolConfigError, match="with 2 GPU lanes use 'auto'"):
+        _lane_timed_cpus(config, 2)
+    monkeypatch.setenv(timed_cpus.ENV_VAR, "many")
+    timed_cpus.host_split.cache_clear()
+    with pytest.raises(PoolConfigError, match="CUDA_AGENT_TIMED_CPU must be"):
+        _lane_timed_cpus(config, 1)
+    monkeypatch.delenv(timed_cpus.ENV_VAR)
+    timed_cpus.host_split.cache_clear()
+
+
+def test_a_pool_setting_replaces_the_environment_until_it_is_given_back(monkeypatch) -> None:
+    monkeypatch.setenv(timed_cpus.ENV_VAR, "off")
+    replaced = timed_cpus.use_setting("0")
+    try:
+        assert timed_cpus.current_setting() == "0" and timed_cpus.host_split() is not None
+    finally:
+        timed_cpus.use_setting(replaced)
+    assert timed_cpus.current_setting() == "off" and timed_cpus.host_split() is None
+    monkeypatch.delenv(timed_cpus.ENV_VAR)
+    timed_cpus.host_split.cache_clear()
 
 
 @needs_two_cpus
@@ -132,3 +177,25 @@ def test_only_the_timed_calls_run_on_the_set_apart_cpu(set_apart, run_evaluation
     else:
         assert verdict.status is Status.CORRECT, verdict.error
         assert verdict.environment["timed_cpus"] == "not set apart"
+
+
+@pytest.mark.slow  # uses the shared fault-kernel build
+@needs_two_cpus
+@pytest.mark.parametrize("set_apart", [True, False])
+def test_baselines_are_timed_on_the_set_apart_cpu(set_apart, run_evaluation, fault_solution, make_config,
+                                                  monkeypatch, tmp_path) -> None:
+    """The task's own forward refuses to run on the set apart CPU: its references (trials) run
+    elsewhere, its baseline timing loops there."""
+    monkeypatch.setattr(slots, "split_for", lambda device: SPLIT if set_apart else None)
+    task = tmp_path / "relu_refusing_the_timed_cpu.py"
+    task.write_text(SMALL_RELU_TASK.read_text().replace("import torch\n", "import os\n\nimport torch\n", 1).replace(
+        "        return torch.relu(x)",
+        f"        if os.sched_getaffinity(0) == {set(SPLIT.timed)!r}:\n"
+        "            raise RuntimeError('baseline timed on the set apart cpu')\n"
+        "        return torch.relu(x)"))
+    verdict = run_evaluation(task, fault_solution("relu_ok"), make_config())
+    if set_apart:
+        assert verdict.status is Status.TASK_ERROR
+        assert "baseline timed on the set apart cpu" in verdict.error
+    else:
+        assert verdict.status is Status.CORRECT, verdict.error

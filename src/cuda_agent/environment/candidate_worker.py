@@ -26,6 +26,7 @@ from cuda_agent.environment.loading import (
     clone_tree, copy_tree_into, import_file, seed_all, shares_storage, storage_span, tensors_in,
 )
 from cuda_agent.environment.solution import EXTENSION_NAME
+from cuda_agent.environment.timed_cpus import pinned_to
 from cuda_agent.environment.timing import FreshInputs, make_timer, measure
 from cuda_agent.environment.worker import cap_address_space, serve, warm_device
 
@@ -186,7 +187,7 @@ class CandidateWorker:
             reuse(outputs)
             audit(call, outputs)
 
-        with torch.no_grad():
+        with torch.no_grad(), pinned_to(msg.get("timed_cpus")) as pinned:
             stats = measure(self.model, timer, config, prepare=calls.for_call, after_call=after_call)
         violations = self._tampering() + audit.violations
         if reuse.found:
@@ -197,7 +198,7 @@ class CandidateWorker:
             path = Path(msg["out_dir"]) / f"timed_{call}.bin"
             tensor_io.save(outputs, path)
             audited.append({"call": call, "path": str(path)})
-        return {"stats": stats.__dict__, "violations": violations, "audited": audited}
+        return {"stats": stats.__dict__, "violations": violations, "audited": audited, "pinned": pinned}
 
 
 class OutputReuse:

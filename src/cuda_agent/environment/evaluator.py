@@ -30,7 +30,6 @@ from cuda_agent.environment.reward import milestone_reward
 from cuda_agent.environment.solution import Layout, Solution, SolutionError, load_solution
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
 from cuda_agent.environment.call_seeds import call_seed
-from cuda_agent.environment.timed_cpus import timing_on
 from cuda_agent.environment.verdict import Status, TimingStats, TrialResult, Verdict, Violation
 from cuda_agent.environment.slots import Prestarter, WorkerSlot
 from cuda_agent.environment.worker import (
@@ -272,10 +271,11 @@ class _Evaluation:
         stats = cache.get(self.task.code_hash, device_key, software, variants)
         missing = [v for v in variants if v not in stats]
         if missing:
-            with timing_on(self.slot.cpu_split, self.slot.reference.proc.pid):
-                reply = self._ask_reference("baselines", {
-                    "variants": missing, "seed": self.config.verify.init_seed, "timing": dataclasses.asdict(timing),
-                })
+            reply = self._ask_reference("baselines", {
+                "variants": missing, "seed": self.config.verify.init_seed, "timing": dataclasses.asdict(timing),
+                "timed_cpus": self._timed_cpus,
+            })
+            self._note_unpinned(reply, "the reference worker (baselines)")
             fresh = {v: TimingStats.from_dict(s) for v, s in reply["stats"].items()}
             cache.put(self.task.code_hash, device_key, software, fresh)
             stats.update(fresh)
@@ -370,16 +370,26 @@ class _Evaluation:
     def _time_candidate(self, host_clock: bool) -> TimingStats:
         """One timing loop in the candidate worker, its audited calls checked by the reference."""
         noise_seed = secrets.randbits(62)
-        with timing_on(self.slot.cpu_split, self.slot.candidate.proc.pid):
-            reply = self._ask_candidate("time", {
-                "inputs_path": str(self._inputs_path(_TIMED_TRIAL)), "timing": dataclasses.asdict(self._timing),
-                "noise_seed": noise_seed, "audits": self.config.verify.timed_audits, "audit_seed": secrets.randbits(62),
-                "out_dir": str(self.scratch / "out"), "host_clock": host_clock,
-            }, self.config.limits.timing_timeout_s, context="timing (host clock)" if host_clock else "timing")
+        reply = self._ask_candidate("time", {
+            "inputs_path": str(self._inputs_path(_TIMED_TRIAL)), "timing": dataclasses.asdict(self._timing),
+            "noise_seed": noise_seed, "audits": self.config.verify.timed_audits, "audit_seed": secrets.randbits(62),
+            "out_dir": str(self.scratch / "out"), "host_clock": host_clock, "timed_cpus": self._timed_cpus,
+        }, self.config.limits.timing_timeout_s, context="timing (host clock)" if host_clock else "timing")
+        self._note_unpinned(reply, "the candidate worker")
         self._raise_on_violations(reply)
         stats = TimingStats.from_dict(reply["stats"])
         self._audit_timed_calls(reply.get("audited"), stats.n * stats.calls_per_sample, noise_seed)
         return stats
+
+    @property
+    def _timed_cpus(self) -> list[int] | None:
+        """The CPUs a worker moves its timing loops onto (see ``timed_cpus``)."""
+        split = self.slot.cpu_split
+        return sorted(split.timed) if split is not None else None
+
+    def _note_unpinned(self, reply: dict[str, Any], worker: str) -> None:
+        if self._timed_cpus is not None and not reply.get("pinned"):
+            self.verdict.notes.append(f"timing: {worker} could not move onto cpu {self._timed_cpus}; it timed where it ran")
 
     @property
     def _timing(self) -> TimingConfig:

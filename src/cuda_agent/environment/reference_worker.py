@@ -25,6 +25,7 @@ from cuda_agent.environment.loading import clone_tree, import_file, seed_all, te
 from cuda_agent.environment.comparison import References, tf32_enabled, tf32_setting
 from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.task import REQUIRED_NAMES
+from cuda_agent.environment.timed_cpus import pinned_to
 from cuda_agent.environment.timing import FreshInputs, make_timer, measure, perturbed, tree_bytes
 from cuda_agent.environment.worker import serve, warm_device
 
@@ -198,19 +199,23 @@ class ReferenceWorker:
                 "error_ratio": result.error_ratio, "fallback": result.fallback}
 
     def baselines(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Time the requested baseline variants on inputs from the (public) init seed."""
+        """Time the requested baseline variants on inputs from the (public) init seed; only the
+        timing loops run on ``timed_cpus`` (torch.compile compiles first, where the worker runs)."""
         config = TimingConfig(**msg["timing"])
         inputs = self._public_inputs(msg["seed"])
         timer = make_timer(self.device, config)
-        stats = {}
+        if any(variant.startswith("compile_") for variant in msg["variants"]):
+            self.compile(msg)
+        stats, pinned = {}, True
         for variant in msg["variants"]:
             kind, setting = variant.rsplit("_tf32_", 1)
             model = self.model if kind == "eager" else self._compiled(config)
-            with torch.no_grad(), tf32_setting(setting):
+            with torch.no_grad(), tf32_setting(setting), pinned_to(msg.get("timed_cpus")) as moved:
                 # The same per-call fresh inputs the candidate is timed with, for a like-for-like cost.
                 fresh = FreshInputs(inputs, config.input_noise, seed=msg["seed"])
                 stats[variant] = measure(model, timer, config, prepare=fresh.for_call).__dict__
-        return {"stats": stats}
+            pinned = pinned and moved
+        return {"stats": stats, "pinned": pinned}
 
     def compile(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Build ``torch.compile(Model)`` and run it once now, so that a later ``baselines`` request

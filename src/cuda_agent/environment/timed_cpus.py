@@ -6,8 +6,9 @@ An interpreter importing torch (the next prestarted slot) or a compiler (the nex
 build) on the same core, or on its hyper-thread sibling, slows that thread, and whether one lands
 there changes from one evaluation to the next. So on hosts with at least ``MIN_CPUS`` CPUs one
 core (with its siblings) is set apart: the workers and builds we start run on the other CPUs, and
-a worker's main thread (the one that serves requests, so the one that times) moves onto the set
-only while it times, baselines and candidates alike.
+a worker's main thread (the one that serves requests, so the one that times) moves itself onto the
+set only for its timing loops, baselines and candidates alike (not while torch.compile compiles:
+the threads and processes a thread starts keep its CPUs).
 
 ``CUDA_AGENT_TIMED_CPU`` chooses: ``auto`` (the default: the highest-numbered CPU this process may
 use), ``off``, or a comma-separated list of CPU numbers whose first is this process's timed CPU
@@ -85,16 +86,21 @@ _setting: str | None = None
 @functools.cache
 def host_split() -> CpuSplit | None:
     """This process's split, from ``CUDA_AGENT_TIMED_CPU`` (read once)."""
-    setting = _setting if _setting is not None else os.environ.get(ENV_VAR, "auto")
-    return split_cpus(set(os.sched_getaffinity(0)), thread_siblings, setting)
+    return split_cpus(set(os.sched_getaffinity(0)), thread_siblings, current_setting())
 
 
-def use_setting(setting: str) -> None:
-    """This process's split from now on: a pool whose GPU lanes each time on a CPU of their own
-    sets the list of all of them, so that the builds it starts keep every one free."""
+def use_setting(setting: str | None) -> str | None:
+    """This process's setting from now on (None: ``CUDA_AGENT_TIMED_CPU`` again); returns the one
+    it replaces. A pool whose GPU lanes each time on a CPU of their own sets the list of all of
+    them while it runs, so that the builds it starts keep every one free."""
     global _setting
-    _setting = setting
+    previous, _setting = _setting, setting
     host_split.cache_clear()
+    return previous
+
+
+def current_setting() -> str:
+    return _setting if _setting is not None else os.environ.get(ENV_VAR, "auto")
 
 
 def split_for(device: str) -> CpuSplit | None:
@@ -106,9 +112,7 @@ def split_for(device: str) -> CpuSplit | None:
 def lane_settings(lanes: int) -> list[str] | None:
     """``CUDA_AGENT_TIMED_CPU`` for each of ``lanes`` GPU lanes on this host: a CPU of its own
     each (the highest ones, one per core), the others' kept free too; None where that would leave
-    the builds less than half the CPUs (or the setting is not ``auto``)."""
-    if os.environ.get(ENV_VAR, "auto").strip().lower() not in ("", "auto"):
-        return None
+    the builds less than half the CPUs."""
     allowed = set(os.sched_getaffinity(0))
     cores: list[int] = []
     taken: set[int] = set()
@@ -140,22 +144,25 @@ def start_off_timed(split: CpuSplit | None, preexec: Callable[[], None] | None) 
 
 
 @contextlib.contextmanager
-def timing_on(split: CpuSplit | None, pid: int) -> Iterator[None]:
-    """Moves the main thread of process ``pid`` onto the timed CPUs while the block runs. A
-    process that is gone, or that the system will not move, times where it is."""
-    if split is None:
-        yield
+def pinned_to(cpus: list[int] | None) -> Iterator[bool]:
+    """Runs the block with the calling thread on ``cpus`` (a timing request's ``timed_cpus``) and
+    puts it back afterwards; yields whether it moved. A worker moves itself: a thread may always
+    change its own affinity, while moving another uid's process (the sandboxed candidate) needs
+    ``CAP_SYS_NICE``."""
+    if not cpus:
+        yield False
         return
+    before = os.sched_getaffinity(0)
     try:
-        os.sched_setaffinity(pid, split.timed)
+        os.sched_setaffinity(0, cpus)
     except OSError:
-        yield
+        yield False
         return
     try:
-        yield
+        yield True
     finally:
         with contextlib.suppress(OSError):
-            os.sched_setaffinity(pid, split.others)
+            os.sched_setaffinity(0, before)
 
 
 def _parse_ranges(text: str) -> set[int]:

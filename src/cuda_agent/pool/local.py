@@ -15,8 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.environment import EvalConfig, Verdict
-from cuda_agent.environment import timed_cpus
+from cuda_agent.environment import EvalConfig, Verdict, timed_cpus
 from cuda_agent.environment.owned_scratch import make_owned_dir, sweep_orphans
 from cuda_agent.environment.slots import default_scratch_root
 from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProcess, child_env
@@ -116,6 +115,9 @@ class LocalPool(LanePipeline):
         settings = _lane_timed_cpus(config, len(slots))
         lanes = [ProcessLane(name, config, staging_dir, self.scratch_root, gpu, pool_config.job_timeout_s, setting)
                  for (name, gpu), setting in zip(slots, settings)]
+        # The builds this process starts keep every lane's CPU free (the first lane's list holds them all).
+        self._lane_cpus_set = len(slots) > 1 and settings[0] is not None
+        self._replaced_setting = timed_cpus.use_setting(settings[0]) if self._lane_cpus_set else None
         work = PoolWork(config, staging_dir)
         super().__init__("local", lanes, work.build, pool_config.compile_workers or os.cpu_count() or 1,
                          pool_config.queue_size or 2 * len(lanes), pool_config.max_attempts)
@@ -123,19 +125,29 @@ class LocalPool(LanePipeline):
     def close(self, cancel_pending: bool = False) -> None:
         super().close(cancel_pending)
         shutil.rmtree(self.scratch_root, ignore_errors=True)
+        if self._lane_cpus_set:
+            timed_cpus.use_setting(self._replaced_setting)
 
 
 def _lane_timed_cpus(config: EvalConfig, lanes: int) -> list[str | None]:
-    """Each lane's ``CUDA_AGENT_TIMED_CPU``: with several GPU lanes, a CPU of its own each (and
-    this process's builds keep all of them free), or none set apart where the host has too few
-    CPUs; one lane keeps this process's setting."""
-    if config.device != "cuda" or lanes < 2:
+    """Each lane's ``CUDA_AGENT_TIMED_CPU`` (lanes get only an allow-list of this process's
+    environment, so it is always passed on): one GPU lane gets this process's setting; several get
+    a CPU of their own each where the host has CPUs to spare, else none set apart."""
+    if config.device != "cuda":
         return [None] * lanes
-    settings = timed_cpus.lane_settings(lanes)
-    if settings is None:
+    try:
+        timed_cpus.host_split()
+    except timed_cpus.TimedCpuError as exc:
+        raise PoolConfigError(str(exc)) from None
+    setting = timed_cpus.current_setting()
+    if lanes < 2:
+        return [setting] * lanes
+    if setting.strip().lower() == "off":
         return ["off"] * lanes
-    timed_cpus.use_setting(settings[0])  # its list holds every lane's CPU
-    return list(settings)
+    if setting.strip().lower() not in ("", "auto"):
+        raise PoolConfigError(f"{timed_cpus.ENV_VAR}={setting!r} names the CPUs of one evaluating process; with "
+                              f"{lanes} GPU lanes use 'auto' (a CPU for each lane) or 'off'")
+    return list(timed_cpus.lane_settings(lanes) or ["off"] * lanes)
 
 
 def _lane_slots(config: EvalConfig, pool_config: PoolConfig) -> list[tuple[str, str | None]]:

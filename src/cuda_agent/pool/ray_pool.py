@@ -15,8 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.environment import EvalConfig, Verdict
-from cuda_agent.environment import timed_cpus
+from cuda_agent.environment import EvalConfig, Verdict, timed_cpus
 from cuda_agent.pool.base import EvalLane, JobRejected, LaneFailed
 from cuda_agent.pool.config import PoolConfig, PoolConfigError
 from cuda_agent.pool.jobs import EvalJob
@@ -33,6 +32,7 @@ class PoolWorkActor:
     def __init__(self, config: dict[str, Any], staging_dir: str) -> None:
         import ray
 
+        timed_cpus.use_setting("off")  # actors sharing a node cannot agree on a CPU each to time on
         gpus = [str(g) for g in ray.get_gpu_ids()]
         self.detail = {"node": ray.util.get_node_ip_address(), "pid": os.getpid(), "gpu": ",".join(gpus) or None}
         self.work = PoolWork(EvalConfig.from_dict(config), Path(staging_dir),
@@ -107,9 +107,7 @@ class RayPool(LanePipeline):
         workers = pool_config.workers or (int(resources.get("GPU", 0)) if on_gpu else 1)
         if workers < 1:
             raise PoolConfigError("device is 'cuda' but the Ray cluster has no GPU")
-        # Actors sharing a node cannot agree on a CPU each to time on (see timed_cpus): none is set apart.
-        actor_class = ray.remote(num_gpus=1 if on_gpu else 0, num_cpus=1, max_restarts=0,
-                                 runtime_env={"env_vars": {timed_cpus.ENV_VAR: "off"}})(PoolWorkActor)
+        actor_class = ray.remote(num_gpus=1 if on_gpu else 0, num_cpus=1, max_restarts=0)(PoolWorkActor)
         build_task = ray.remote(num_cpus=1, num_gpus=0, max_retries=1)(_build_in_task)
         staging = str(pool_config.staging_dir or default_staging_dir(config))
         config_dict = config.to_dict()

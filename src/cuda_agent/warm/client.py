@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import cuda_agent
+from cuda_agent.environment import timed_cpus
 from cuda_agent.environment.config import EvalConfig
 from cuda_agent.environment.verdict import Verdict
 
@@ -67,10 +68,12 @@ def daemon_dir() -> Path:
 
 
 def daemon_key(config: EvalConfig) -> str:
-    """What a daemon serves: the configuration, the interpreter, the visible GPUs and the code."""
+    """What a daemon serves: the configuration, the interpreter, the visible GPUs, the CPU set
+    apart for timing and the code."""
     digest = hashlib.sha256()
     for part in (json.dumps(config.to_dict(), sort_keys=True, default=str), sys.executable,
-                 os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"), _code_fingerprint()):
+                 os.environ.get("CUDA_VISIBLE_DEVICES", "<all>"), os.environ.get(timed_cpus.ENV_VAR, "auto"),
+                 _code_fingerprint()):
         digest.update(part.encode() + b"\0")
     return digest.hexdigest()[:24]
 
