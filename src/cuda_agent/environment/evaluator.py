@@ -389,7 +389,8 @@ class _Evaluation:
 
     def _note_unpinned(self, reply: dict[str, Any], worker: str) -> None:
         if self._timed_cpus is not None and not reply.get("pinned"):
-            self.verdict.notes.append(f"timing: {worker} could not move onto cpu {self._timed_cpus}; it timed where it ran")
+            self.verdict.notes.append(
+                f"timing: {worker} could not move onto cpu {self._timed_cpus}; it timed where it ran")
 
     @property
     def _timing(self) -> TimingConfig:
