@@ -57,16 +57,17 @@ def cuda_visible() -> bool:
 
 
 def require_local_device(config: EvalConfig) -> None:
-    """Exit 2 when ``config`` asks for a GPU this machine does not have (evaluating here would only
-    end in errors)."""
-    if config.device == "cuda" and not cuda_visible():
+    """Exit 2 when ``config`` asks for a GPU this machine does not have, or ``CUDA_AGENT_TIMED_CPU``
+    names CPUs it cannot set apart (evaluating here would only end in errors)."""
+    if config.device != "cuda":
+        return
+    if not cuda_visible():
         fail_usage("--device cuda: no CUDA GPU is visible on this machine (torch is a CPU build, the NVIDIA "
                    "driver lists no GPU, or CUDA_VISIBLE_DEVICES hides them); use --device cpu")
-    if config.device == "cuda":
-        try:
-            timed_cpus.host_split()
-        except timed_cpus.TimedCpuError as exc:
-            fail_usage(str(exc))
+    try:
+        timed_cpus.host_split()  # a bad CUDA_AGENT_TIMED_CPU is a usage error here, not a failure per evaluation
+    except timed_cpus.TimedCpuError as exc:
+        fail_usage(str(exc))
 
 
 def read_yaml_config(path: Path) -> dict[str, Any]:
