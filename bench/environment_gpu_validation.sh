@@ -8,7 +8,7 @@
 #   bash bench/environment_gpu_validation.sh safety-cuda  # CUDA red team, GPU faults, sandboxed CUDA timing (~5 min)
 #   bash bench/environment_gpu_validation.sh builds       # CUDA samples, launcher contract (~6 min cold)
 #   bash bench/environment_gpu_validation.sh perf         # build contracts, latency, throughput (~8 min)
-#   bash bench/environment_gpu_validation.sh timing       # timing repeatability, with and without a CPU set apart (~8 min)
+#   bash bench/environment_gpu_validation.sh timing       # timing repeatability, with and without a CPU set apart (~7 min)
 #   bash bench/environment_gpu_validation.sh precision    # precision calibration, CUDA differential corpus (~5 min)
 #
 # The steps share one cache (CUDA_AGENT_TEST_CACHE_DIR, C) while the machine stays up; a cold
@@ -60,12 +60,13 @@ perf)
         --baseline-candidates 3 --time-budget-s 200 --cache-dir "$C" --out "$OUT/throughput_cuda.json"
     ;;
 timing)
-    # Builds and baselines first (a cold cache: ~3.5 min for the 4 sizes on an H200), then the
-    # repeats; the second run is the same with no CPU set apart for timing, for comparison.
-    run timing 280 python bench/timing.py --device cuda --repeats 10 --time-budget-s 230 --cache-dir "$C" \
-        --out "$OUT/timing_cuda.json"
-    CUDA_AGENT_TIMED_CPU=off run timing_not_set_apart 200 python bench/timing.py --device cuda --sizes 10us 100us \
-        --repeats 10 --time-budget-s 160 --cache-dir "$C" --out "$OUT/timing_cuda_not_set_apart.json"
+    # The sizes with targets (10 us, 100 us, 1 ms). Builds and baselines first (a cold cache: about
+    # 2 min on an H200), then the repeats; the second run is the same with no CPU set apart for
+    # timing, for comparison (its baselines are timed again: they are cached per setting).
+    run timing 260 python bench/timing.py --device cuda --sizes 10us 100us 1ms --repeats 12 --time-budget-s 220 \
+        --cache-dir "$C" --out "$OUT/timing_cuda.json"
+    CUDA_AGENT_TIMED_CPU=off run timing_not_set_apart 170 python bench/timing.py --device cuda --sizes 10us 100us \
+        --repeats 12 --time-budget-s 140 --cache-dir "$C" --out "$OUT/timing_cuda_not_set_apart.json"
     ;;
 precision)
     # The calibration (~4 min on an H200; step-by-step emulations run on the host) and the CUDA

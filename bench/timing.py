@@ -9,7 +9,8 @@ launches, averaged over 20 calls, no L2 flush): ``agreement`` = reported / profi
 built and its baselines timed first (one untimed evaluation each, no ``torch.compile`` baseline:
 the candidate's time is what is measured); the repeats share what is left of the budget. On CPU
 the smoke mode times one tiny ReLU a few times. Prints one summary line and writes JSON (after
-every size). ``CUDA_AGENT_TIMED_CPU=off`` measures without a CPU set apart for timing.
+every size; ``timed_cpus``: what the verdicts say the timing loops ran on).
+``CUDA_AGENT_TIMED_CPU=off`` measures without a CPU set apart for timing.
 
     python bench/timing.py --device cuda --repeats 20 --time-budget-s 540 --out bench/results/timing_cuda.json
     python bench/timing.py --device cpu --repeats 3 --out /tmp/timing_cpu.json          # CPU smoke
@@ -114,7 +115,7 @@ def prepare_size(label: str, task_path: Path, solution: Path, config: EvalConfig
 
 def measure_size(size: Size, config: EvalConfig, prestarted: Prestarter, repeats: int, budget: Budget) -> dict:
     label, task = size.label, load_task(size.task_path)
-    times, statuses, calls = [], [], None
+    times, statuses, calls, timed_cpus = [], [], None, set()
     for _ in range(repeats):
         if budget.spent() and len(times) >= 3:
             break
@@ -126,6 +127,7 @@ def measure_size(size: Size, config: EvalConfig, prestarted: Prestarter, repeats
             raise SystemExit(f"{label}: the sample did not pass: {verdict.status.value}: {verdict.error}")
         times.append(verdict.candidate_ms)
         calls = verdict.candidate_timing.calls_per_sample if verdict.candidate_timing else None
+        timed_cpus.add(str(verdict.environment.get("timed_cpus")))
     independent = profiler_ms(size.task_path, size.solution, size.extensions_dir) if config.device == "cuda" else None
     median = statistics.median(times)
     cv = statistics.stdev(times) / statistics.fmean(times) if len(times) > 1 else None
@@ -133,7 +135,8 @@ def measure_size(size: Size, config: EvalConfig, prestarted: Prestarter, repeats
           f"{calls} calls per sample, profiler {independent}", file=sys.stderr, flush=True)
     return {"task": size.task_path.name, "candidate_ms": times, "median_ms": median, "cv": cv,
             "calls_per_sample": calls, "profiler_ms": independent,
-            "agreement": median / independent if independent else None, "statuses": statuses}
+            "agreement": median / independent if independent else None, "statuses": statuses,
+            "timed_cpus": sorted(timed_cpus)}
 
 
 def main() -> None:

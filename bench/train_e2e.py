@@ -5,13 +5,13 @@ recipe intends: recorded successful trajectories seed RFT. Each invocation runs 
 unfinished step within ``--budget-s`` (default 540 s) and exits; run it again until it prints
 ``all steps done`` (every step resumes where the previous invocation stopped):
 
-1. ``prepare``: the training tasks (the bundled examples and size variants of them synthesised
-   here: the same operators with other module-level sizes), the held-out tasks (other size
-   variants, and on CUDA tasks of the synth sample), a random model whose tokenizer is trained on
+1. ``prepare``: the training tasks (bundled examples; the smoke run uses size variants of one),
+   the held-out tasks (size variants synthesised here: the same operators with other module-level
+   sizes; on CUDA also tasks of the synth sample), a random model whose tokenizer is trained on
    the tasks, solutions and prompts, and a few dozen episodes of the replay policy writing the
    bundled honest solution and finishing, scored by the real evaluator (``replays.jsonl``; the
    recording resumes per episode);
-2. ``warmup``, ``rft`` (the sampled episodes plus the recorded ones), ``value`` and ``ppo``:
+2. ``warmup``, ``rft`` (the recorded episodes; the smoke run also samples), ``value`` and ``ppo``:
    ``cuda-agent train``'s stages in ``stages/<name>`` (a stage stopped by the budget resumes
    from its checkpoint);
 3. ``heldout``: the PPO actor's episodes on the held-out tasks.
@@ -47,7 +47,9 @@ from benchlib import EXAMPLES, REPO, SMOKE_TIMING, machine_details, sample_solut
 
 STAGES = ("warmup", "rft", "value", "ppo")
 STEPS = ("prepare", *STAGES, "heldout")
-EXAMPLE_TASKS = ("relu", "row_sum", "softmax", "add_relu_mul", "matmul", "rmsnorm")
+GPU_TASKS = ("relu", "row_sum", "softmax", "rmsnorm")
+"""The bundled examples trained on: their solutions are the shortest (replies of up to ~1,900 tokens;
+matmul's would be 2,560)."""
 SYNTH_SAMPLE = EXAMPLES / "data" / "synth-h100-sample" / "tasks.parquet"
 SIZE_CONSTANT = re.compile(r"^([A-Za-z_]\w*) = (\d+)$", re.MULTILINE)
 OPENINGS = ("I will write a fused kernel and finish.", "Writing the kernel in model_new.py, then finishing.",
@@ -73,12 +75,22 @@ class Plan:
     lr: float
     max_new_tokens: int | None
     """Tokens per turn; None: room for the longest recorded reply (a model that learned it can repeat it)."""
+    rft_sample: bool
+    """Whether RFT also samples episodes with the warm-up actor (besides the recorded ones)."""
 
 
-GPU_PLAN = Plan(EXAMPLE_TASKS, (1.0, 0.5, 0.25), (0.125,), 4, 2, "small",
-                {"warmup": 3, "value": 3, "ppo": 10}, 4, 4, 40, 1e-4, None)
+# Sized from an H100 run (2026-11-26): an RFT step takes 0.07 s, an RL step ~130 s (16 episodes: 70 s
+# of generation, then verdicts one at a time), preparing ~380 s on a cold cache (12 tasks). So that
+# the run fits one machine's 30 minutes: the 4 tasks at their own size (every step samples all four,
+# so PPO's first and last steps compare the same tasks), one warm-up and one value step, 6 PPO steps.
+# RFT runs 400 epochs: after 40 (loss 0.05-0.08 per token) every value episode wrote unparsable or
+# mixed-up calls; after 400 (loss 0.0007) all 16 passed at temperature 0.5. Sampling stays at 1.0,
+# where a repeat of ~1,500 tokens is exact with probability ~exp(-0.0007 x 1,500): room for PPO.
+# RFT skips sampling: the warm-up actor of a random model passes no episode.
+GPU_PLAN = Plan(GPU_TASKS, (1.0,), (0.5, 0.125), 4, 2, "small",
+                {"warmup": 1, "value": 1, "ppo": 6}, 4, 4, 400, 1e-4, None, False)
 SMOKE_PLAN = Plan(("relu",), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
-                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 32)
+                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 32, True)
 
 
 def scaled_task(code: str, scale: float) -> str:
@@ -126,6 +138,7 @@ def train_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, max
                "max_new_tokens": max_new_tokens, "max_batch": 32, "concurrency": 32,
                "evaluation_slots": 1, "temperature": 1.0}  # one evaluation at a time per GPU: undisturbed timing
     tensorboard = not smoke
+    # RL stages checkpoint every step: an invocation stopped by its caller loses one step at most.
     config: dict[str, Any] = {
         "environment": {"name": "cuda", "tasks": str(out / "tasks" / "train")},
         "model": {"path": str(out / "model"), "critic": "separate",
@@ -134,14 +147,14 @@ def train_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, max
         "agent": {"max_turns": 2, "max_idle_replies": 1, "wall_clock_s": 600,
                   "context": {"window_tokens": window_tokens, "reply_tokens": max_new_tokens}},
         "warmup": {"steps": plan.steps["warmup"], "rollout": rollout, "actor_optim": {"lr": plan.lr},
-                   "critic_optim": {"lr": plan.lr}, "checkpoint": {"every_steps": 2}, "tensorboard": tensorboard},
-        "rft": {"trajectories": [str(out / "replays.jsonl")], "rollout": rollout, "epochs": plan.rft_epochs,
-                "batch_size": 8, "optim": {"lr": 1e-3}, "tensorboard": tensorboard,
+                   "critic_optim": {"lr": plan.lr}, "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
+        "rft": {"trajectories": [str(out / "replays.jsonl")], "sample": plan.rft_sample, "rollout": rollout,
+                "epochs": plan.rft_epochs, "batch_size": 8, "optim": {"lr": 1e-3}, "tensorboard": tensorboard,
                 "checkpoint": {"every_steps": 20}},
         "value": {"steps": plan.steps["value"], "rollout": rollout, "critic_optim": {"lr": 1e-4},
-                  "checkpoint": {"every_steps": 2}, "tensorboard": tensorboard},
+                  "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
         "ppo": {"steps": plan.steps["ppo"], "rollout": rollout, "actor_optim": {"lr": plan.lr},
-                "critic_optim": {"lr": 1e-4}, "checkpoint": {"every_steps": 2}, "tensorboard": tensorboard},
+                "critic_optim": {"lr": 1e-4}, "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
     }
     if cache_dir is not None:
         config["cache_dir"] = str(cache_dir)
