@@ -27,23 +27,32 @@ logger = logging.getLogger(__name__)
 
 class TrainingPolicy(HFPolicy):
     """The ``hf`` policy over the live actor, also counting the time and tokens of its generation
-    calls (generation throughput, apart from the time episodes spend in tools and evaluations)."""
+    calls (generation throughput, apart from the time episodes spend in tools and evaluations), the
+    calls themselves and their sequential decoding steps (the longest completion of each call):
+    episodes batched well make few calls, and seconds per decoding step is the model's latency."""
 
     generation_s = 0.0
     generated_tokens = 0
+    generation_calls = 0
+    decode_steps = 0
 
     def generate_batch(self, prompts: list[tuple[int, ...]]) -> list[Generation]:
         started = time.monotonic()
         generations = super().generate_batch(prompts)
         self.generation_s += time.monotonic() - started
         self.generated_tokens += sum(len(g.completion_ids) for g in generations)
+        self.generation_calls += 1
+        self.decode_steps += max(len(g.completion_ids) for g in generations)
         return generations
 
     def take_generation_metrics(self) -> dict[str, float]:
-        """Seconds and tokens of generation since the last call, and their rate."""
-        seconds, tokens = self.generation_s, self.generated_tokens
-        self.generation_s, self.generated_tokens = 0.0, 0
-        return {"rollout/generation_seconds": seconds, "rollout/generation_tokens_per_s": tokens / max(seconds, 1e-9)}
+        """Seconds, tokens, calls and decoding steps of generation since the last call, and the rates."""
+        seconds, tokens, steps = self.generation_s, self.generated_tokens, self.decode_steps
+        calls = self.generation_calls
+        self.generation_s, self.generated_tokens, self.generation_calls, self.decode_steps = 0.0, 0, 0, 0
+        return {"rollout/generation_seconds": seconds, "rollout/generation_tokens_per_s": tokens / max(seconds, 1e-9),
+                "rollout/generation_calls": calls,
+                "rollout/decode_step_ms": 1000 * seconds / steps if steps else None}
 
 
 def training_policy(models: ModelSet, rollout: RolloutConfig) -> TrainingPolicy:
