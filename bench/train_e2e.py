@@ -342,7 +342,7 @@ def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
             "update_tokens_per_s": statistics.median(update) if update else None,
             "peak_gpu_gb": max(peak) if peak else None, "steps": len(rows), "status": record.get("status"),
             "verdict_wait_share": _mean(series("rollout/verdict_wait_share")),
-            "decode_step_ms": _mean(series("rollout/decode_step_ms")),
+            "decode_step_seconds": _mean(series("rollout/decode_step_seconds")),
             "generation_calls": sum(series("rollout/generation_calls")),
             "verdict_blocked_share": _mean(series("step/verdict_blocked_share")),
             "harness_errors": sum(series("episodes/harness_errors")),

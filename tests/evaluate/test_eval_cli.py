@@ -23,6 +23,18 @@ from support import EXAMPLES, FIXTURES, SMALL_RELU_TASK, descendants, is_live, w
 RECORDED_CPU_EPISODE = FIXTURES / "agent" / "rmsnorm_cpu.jsonl"
 
 
+def files_written(episode: Path) -> dict[str, str]:
+    """The last content each ``write_file`` call of a recorded episode gave each path."""
+    files = {}
+    for message in json.loads(episode.read_text().splitlines()[0])["messages"]:
+        for call in message.get("tool_calls") or []:
+            arguments = call["function"]["arguments"]
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+            if call["function"]["name"] == "write_file":
+                files[arguments["path"]] = arguments["content"]
+    return files
+
+
 def stored_rows(store: Path) -> dict[str, tuple[str, float]]:
     if not store.exists():
         return {}
@@ -145,8 +157,12 @@ def test_a_policy_is_evaluated_on_the_solution_its_agent_wrote(cli, cli_env, fas
     proc = subprocess.run(args, env=cli_env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     overall = json.loads(proc.stdout)["overall"]
-    assert overall["n_tasks"] == 1 and overall["pass_rate"] == 1.0 and overall["faster_rate_vs_eager"] == 1.0
+    # Correct and timed against eager. Whether it is >5 % faster is left out: with a 0.3 s timing budget
+    # on a busy 2-core machine its speed-up was 1.16x to 28x in runs here, and under 1.05x in two CI runs.
+    assert overall["n_tasks"] == 1 and overall["pass_rate"] == 1.0 and overall["n_timed_vs_eager"] == 1
     solution = tmp_path / "run" / "solutions" / "rmsnorm"
-    assert (solution / "report.json").exists() and (solution / "kernels" / "rmsnorm.cpp").exists()
+    assert (solution / "report.json").exists()
+    for path, content in files_written(RECORDED_CPU_EPISODE).items():  # the files the agent wrote, as written
+        assert (solution / path).read_text() == content, path
     again = subprocess.run(args, env=cli_env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "0 of 1 tasks to solve" in again.stderr  # resumed: no second episode

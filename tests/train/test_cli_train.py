@@ -74,7 +74,7 @@ def test_train_all_runs_the_four_stages_on_keypad_and_a_rerun_skips_them(keypad_
     ppo_metrics = [json.loads(line) for line in (run / "ppo" / "metrics.jsonl").open()]
     assert all(row["rollout/generation_tokens_per_s"] > 0 and row["update/tokens_per_s"] > 0 for row in ppo_metrics)
     assert all(1 <= row["rollout/generation_calls"] <= row["episodes"] * row["episodes/turns_mean"]
-               and row["rollout/decode_step_ms"] > 0 for row in ppo_metrics)  # at most one call per turn
+               and row["rollout/decode_step_seconds"] > 0 for row in ppo_metrics)  # at most one call per turn
     assert all(row["episodes/harness_errors"] == 0 and 0 <= row["step/verdict_blocked_share"] < 1
                and "actor/clip_fraction" in row for row in ppo_metrics)
     again = invoke("all", "--config", config, "--out", run, "--json")

@@ -52,7 +52,7 @@ class TrainingPolicy(HFPolicy):
         self.generation_s, self.generated_tokens, self.generation_calls, self.decode_steps = 0.0, 0, 0, 0
         return {"rollout/generation_seconds": seconds, "rollout/generation_tokens_per_s": tokens / max(seconds, 1e-9),
                 "rollout/generation_calls": calls,
-                "rollout/decode_step_ms": 1000 * seconds / steps if steps else None}
+                "rollout/decode_step_seconds": seconds / steps if steps else None}
 
 
 def training_policy(models: ModelSet, rollout: RolloutConfig) -> TrainingPolicy:
