@@ -13,7 +13,8 @@ from cuda_agent.train.stages import StageContext, StageError, run_stage
 
 from keypad_support import keypad_config
 
-_TIMINGS = ("seconds", "tokens_per_s", "step_s", "_share")  # _share: of a step's wall time
+# _share: of a step's wall time; generation_calls: how many turn requests met in the policy's batching window
+_TIMINGS = ("seconds", "tokens_per_s", "step_s", "_share", "generation_calls")
 
 
 def _metrics(folder):
