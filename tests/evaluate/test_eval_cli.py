@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from cuda_agent.agent.trajectory import read_trajectories
 from cuda_agent.cli import app
 from cuda_agent.evaluate.store import ResultsStore
 
@@ -26,7 +27,7 @@ RECORDED_CPU_EPISODE = FIXTURES / "agent" / "rmsnorm_cpu.jsonl"
 def files_written(episode: Path) -> dict[str, str]:
     """The last content each ``write_file`` call of a recorded episode gave each path."""
     files = {}
-    for message in json.loads(episode.read_text().splitlines()[0])["messages"]:
+    for message in next(read_trajectories(episode)).messages:
         for call in message.get("tool_calls") or []:
             arguments = call["function"]["arguments"]
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
