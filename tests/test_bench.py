@@ -73,3 +73,15 @@ def test_merge_puts_every_headline_key_at_the_top(results, tmp_path: Path) -> No
     assert {"device", "compile_median_s", "baseline_compile_median_s", "evals_per_gpu_hour",
             "baseline_evals_per_gpu_hour", "timing_cv"} <= data.keys()
     assert {"compile", "timing", "throughput"} <= data.keys()
+
+
+def test_generation_speed_bench_times_a_decoding_step_per_setting(tmp_path: Path) -> None:
+    out = tmp_path / "generation_speed.json"
+    command = [sys.executable, str(BENCH / "generation_speed.py"), "--device", "cpu", "--size", "tiny", "--batch", "2",
+               "--prompt-tokens", "64", "--new-tokens", "8", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(result.stdout.strip().splitlines()) == 1, result.stdout
+    settings = json.loads(out.read_text())["settings"]
+    assert set(settings) == {"float32", "bfloat16", "beside_environment"}  # autocast is a CUDA setting
+    assert all(r["steps"] >= 1 and r["step_ms"] > 0 for r in settings.values())

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from cuda_agent.attention_backends import without_cudnn_attention
 from cuda_agent.train.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -59,9 +60,13 @@ class Precision:
                 "bf16": cls(torch.bfloat16, None)}[name]
 
     def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
-        if self.autocast_dtype is None:
-            return contextlib.nullcontext()
-        return torch.autocast(device.type, dtype=self.autocast_dtype)
+        """Where forward passes run: under autocast when this precision has one, attention kept
+        off cuDNN (:mod:`cuda_agent.attention_backends`: padded lengths change every batch)."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(without_cudnn_attention(device.type))
+        if self.autocast_dtype is not None:
+            stack.enter_context(torch.autocast(device.type, dtype=self.autocast_dtype))
+        return stack
 
 
 class ValueHead(nn.Module):

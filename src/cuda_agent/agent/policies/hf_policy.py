@@ -18,6 +18,7 @@ from typing import Any
 
 from cuda_agent.agent.base import Policy, PolicyError, PolicyReply
 from cuda_agent.agent.text_protocol import render_for_text_model, reply_from_text
+from cuda_agent.attention_backends import without_cudnn_attention
 
 
 @dataclass(frozen=True)
@@ -125,16 +126,18 @@ class HFPolicy(Policy):
 
     def generate_batch(self, prompts: list[tuple[int, ...]]) -> list[Generation]:
         """Generate one completion per prompt (token ids) in one padded batch, decoding with a KV
-        cache (a trainer's actor may have turned the cache off for its training passes)."""
+        cache (a trainer's actor may have turned the cache off for its training passes) and attention
+        off cuDNN (:mod:`cuda_agent.attention_backends`: every decoding step has a new length)."""
         torch, tok, cfg = self._torch, self.tokenizer, self.config
         width = max(len(p) for p in prompts)
         input_ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + list(p) for p in prompts])
         attention = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
         sampling = {"do_sample": True, "temperature": cfg.temperature, "top_p": cfg.top_p} \
             if cfg.temperature > 0 else {"do_sample": False}
-        autocast = torch.autocast(torch.device(cfg.device).type, dtype=getattr(torch, cfg.autocast)) \
+        device_type = torch.device(cfg.device).type
+        autocast = torch.autocast(device_type, dtype=getattr(torch, cfg.autocast)) \
             if cfg.autocast else contextlib.nullcontext()
-        with torch.no_grad(), autocast:
+        with torch.no_grad(), autocast, without_cudnn_attention(device_type):
             output = self.model.generate(input_ids=input_ids.to(cfg.device), attention_mask=attention.to(cfg.device),
                                          max_new_tokens=cfg.max_new_tokens, pad_token_id=tok.pad_token_id,
                                          eos_token_id=tok.eos_token_id, use_cache=True, **sampling)
