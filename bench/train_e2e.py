@@ -72,25 +72,30 @@ class Plan:
     tasks_per_step: int
     samples_per_task: int
     rft_epochs: int
-    lr: float
+    warmup_lr: float
+    """Actor and critic learning rate of the warm-up (a random model: large steps are harmless)."""
+    ppo_lr: float
+    """The PPO actor's learning rate (the RFT actor has memorised its replies: large steps break them)."""
     max_new_tokens: int | None
     """Tokens per turn; None: room for the longest recorded reply (a model that learned it can repeat it)."""
     rft_sample: bool
     """Whether RFT also samples episodes with the warm-up actor (besides the recorded ones)."""
 
 
-# Sized from an H100 run (2026-11-26): an RFT step takes 0.07 s, an RL step ~130 s (16 episodes: 70 s
-# of generation, then verdicts one at a time), preparing ~380 s on a cold cache (12 tasks). So that
-# the run fits one machine's 30 minutes: the 4 tasks at their own size (every step samples all four,
-# so PPO's first and last steps compare the same tasks), one warm-up and one value step, 6 PPO steps.
-# RFT runs 400 epochs: after 40 (loss 0.05-0.08 per token) every value episode wrote unparsable or
-# mixed-up calls; after 400 (loss 0.0007) all 16 passed at temperature 0.5. Sampling stays at 1.0,
-# where a repeat of ~1,500 tokens is exact with probability ~exp(-0.0007 x 1,500): room for PPO.
-# RFT skips sampling: the warm-up actor of a random model passes no episode.
+# Sized from H100 runs (2026-11-26). Preparing takes ~300 s on a cold cache; an RFT step 0.07 s; an RL
+# step ~60-70 s (16 episodes, verdicts one at a time) now that decoding takes ~5 ms per step: it took
+# 80-90 ms while cuDNN attention built a plan for every new length (cuda_agent.attention_backends).
+# The 4 tasks at their own size: every step samples all four, so PPO's first and last steps compare
+# the same tasks. RFT runs 400 epochs: after 40 (loss 0.05-0.08 per token) every value episode wrote
+# unparsable or mixed-up calls; after 400 (loss 0.0007) all 16 passed at temperature 0.5, and 9 of 16
+# at 1.0, where sampling stays: room for PPO. PPO's actor learns at 1e-5: at 1e-4 (warm-up's rate),
+# one update (8 optimizer steps) broke the memorised replies, and every later episode wrote garbled
+# calls (reward -1 from step 2 on). RFT skips sampling: the warm-up actor of a random model passes
+# no episode.
 GPU_PLAN = Plan(GPU_TASKS, (1.0,), (0.5, 0.125), 4, 2, "small",
-                {"warmup": 1, "value": 1, "ppo": 6}, 4, 4, 400, 1e-4, None, False)
+                {"warmup": 1, "value": 1, "ppo": 8}, 4, 4, 400, 1e-4, 1e-5, None, False)
 SMOKE_PLAN = Plan(("relu",), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
-                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 32, True)
+                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 1e-4, 32, True)
 
 
 def scaled_task(code: str, scale: float) -> str:
@@ -146,14 +151,14 @@ def train_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, max
         "device": device,
         "agent": {"max_turns": 2, "max_idle_replies": 1, "wall_clock_s": 600,
                   "context": {"window_tokens": window_tokens, "reply_tokens": max_new_tokens}},
-        "warmup": {"steps": plan.steps["warmup"], "rollout": rollout, "actor_optim": {"lr": plan.lr},
-                   "critic_optim": {"lr": plan.lr}, "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
+        "warmup": {"steps": plan.steps["warmup"], "rollout": rollout, "actor_optim": {"lr": plan.warmup_lr},
+                   "critic_optim": {"lr": plan.warmup_lr}, "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
         "rft": {"trajectories": [str(out / "replays.jsonl")], "sample": plan.rft_sample, "rollout": rollout,
                 "epochs": plan.rft_epochs, "batch_size": 8, "optim": {"lr": 1e-3}, "tensorboard": tensorboard,
                 "checkpoint": {"every_steps": 20}},
         "value": {"steps": plan.steps["value"], "rollout": rollout, "critic_optim": {"lr": 1e-4},
                   "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
-        "ppo": {"steps": plan.steps["ppo"], "rollout": rollout, "actor_optim": {"lr": plan.lr},
+        "ppo": {"steps": plan.steps["ppo"], "rollout": rollout, "actor_optim": {"lr": plan.ppo_lr},
                 "critic_optim": {"lr": 1e-4}, "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
     }
     if cache_dir is not None:
@@ -315,6 +320,24 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def _standard_error(rows: list[dict[str, Any]]) -> float | None:
+    """Standard error of the mean reward over the episodes of ``rows`` (their reward counts): how
+    far two such means may differ by sampling alone."""
+    rewards = [float(level) for r in rows for level in (-1, 1, 2, 3) for _ in range(int(r.get(f"reward/count_{level}", 0)))]
+    return statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else None
+
+
+def figure_of_merit(ppo: dict[str, Any]) -> dict[str, Any]:
+    """PPO's last steps against its first (a quarter of its steps each), with the standard error of
+    the difference: a difference within about two of them is what sampling alone gives."""
+    first, last = ppo.get("mean_reward_first"), ppo.get("mean_reward_last")
+    errors = (ppo.get("mean_reward_first_se"), ppo.get("mean_reward_last_se"))
+    return {"ppo_mean_reward_first": first, "ppo_mean_reward_last": last,
+            "improved": None if first is None or last is None else last > first,
+            "difference": None if first is None or last is None else last - first,
+            "difference_se": None if None in errors else (errors[0] ** 2 + errors[1] ** 2) ** 0.5}
+
+
 def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
     """The per-stage keys of the results JSON from the stage's metrics (null where they do not apply)."""
     from cuda_agent.train.metrics import read_metrics
@@ -325,6 +348,7 @@ def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
     series = (lambda key: [r[key] for r in rows if isinstance(r.get(key), (int, float))])
     rewards = series("reward/mean")
     quarter = max(1, len(rewards) // 4)
+    rewarded = [r for r in rows if isinstance(r.get("reward/mean"), (int, float))]
     positive = sum(sum(r.get(f"reward/count_{level}", 0) for level in (1, 2, 3)) for r in rows)
     scored = sum(r.get("episodes", 0) - r.get("episodes/unscored", 0) for r in rows)
     pass_rate = positive / scored if scored else None
@@ -337,6 +361,8 @@ def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
     update = series("update/tokens_per_s") or series("sft/tokens_per_s")
     record = json.loads((folder / "stage.json").read_text()) if (folder / "stage.json").is_file() else {}
     return {"mean_reward_first": _mean(rewards[:quarter]), "mean_reward_last": _mean(rewards[-quarter:]),
+            "mean_reward_first_se": _standard_error(rewarded[:quarter]),
+            "mean_reward_last_se": _standard_error(rewarded[-quarter:]),
             "pass_rate": pass_rate, "clip_fraction": _mean(series("actor/clip_fraction")),
             "kl": _mean(series("actor/approx_kl")), "gen_tokens_per_s": statistics.median(gen) if gen else None,
             "update_tokens_per_s": statistics.median(update) if update else None,
@@ -356,15 +382,12 @@ def results(out: Path, plan: Plan, smoke: bool, steps_done: list[str], wall: dic
     stages = {name: stage_summary(out / "stages" / name, name) for name in STAGES}
     replays = list(read_trajectories(out / "replays.jsonl")) if (out / "replays.jsonl").is_file() else []
     held = list(read_trajectories(out / "heldout.jsonl")) if (out / "heldout.jsonl").is_file() else []
-    ppo = stages["ppo"] or {}
-    first, last = ppo.get("mean_reward_first"), ppo.get("mean_reward_last")
     return {
         "machine": machine_details(), "smoke": smoke, "plan": plan.__dict__, "steps_done": steps_done,
         "step_wall_s": wall, "stages": stages,
         "recorded": {"episodes": len(replays), "successful": sum(t.reward > 0 for t in replays),
                      "rewards": {str(r): sum(t.reward == r for t in replays) for r in (-1, 1, 2, 3)}},
-        "figure_of_merit": {"ppo_mean_reward_first": first, "ppo_mean_reward_last": last,
-                            "improved": None if first is None or last is None else last > first},
+        "figure_of_merit": figure_of_merit(stages["ppo"] or {}),
         "heldout": {"episodes": len(held), "mean_reward": _mean([float(t.reward) for t in held]),
                     "pass_rate": _mean([float(t.reward > 0) for t in held]),
                     "per_task": {t.task_id: t.reward for t in held}} if held else None,

@@ -66,7 +66,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
         for (key, _), axis in zip(panels, axes[:, 0]):
             points = [(step, row[key]) for step, row in zip(steps, rows) if _finite(row.get(key))]
             if points:
-                axis.plot(*zip(*points), marker="." if len(points) < 60 else None, label=name)
+                axis.plot(*zip(*points), marker="." if len(points) < 60 else None, label=name, color=_colour(name))
         offset = steps[-1]
         if len(histories) > 1:
             for axis in axes[:, 0]:
@@ -74,7 +74,7 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     for (key, title), axis in zip(panels, axes[:, 0]):
         axis.set_ylabel(title)
         axis.grid(alpha=0.3)
-    axes[0, 0].legend(loc="best", fontsize="small")
+        axis.legend(loc="best", fontsize="small")
     axes[0, 0].set_title(f"{run_dir.name}: learning curves")
     axes[-1, 0].set_xlabel("step (stages in order)")
     figure.tight_layout()
@@ -83,6 +83,11 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
     figure.savefig(out, dpi=100)
     plt.close(figure)
     return out
+
+
+def _colour(stage: str) -> str | None:
+    """One colour per stage, the same in every panel (a stage missing from a panel shifts no other)."""
+    return f"C{STAGES.index(stage)}" if stage in STAGES else None
 
 
 def _finite(value: Any) -> bool:
