@@ -82,9 +82,10 @@ class Plan:
     """Whether RFT also samples episodes with the warm-up actor (besides the recorded ones)."""
 
 
-# Sized from H100 runs (2026-11-26). Preparing takes ~300 s on a cold cache; an RFT step 0.07 s; an RL
-# step ~60-70 s (16 episodes, verdicts one at a time) now that decoding takes ~5 ms per step: it took
-# 80-90 ms while cuDNN attention built a plan for every new length (cuda_agent.attention_backends).
+# Sized from H100 runs (2026-11-26). Preparing takes 265-380 s on a cold cache; an RFT step 0.1 s; a
+# PPO step 75-107 s (16 episodes; 70-83 % of it waits for verdicts, scored one at a time) now that
+# decoding takes 7-8 ms per step: it took 80-90 ms while cuDNN attention built a plan for every new
+# length (cuda_agent.attention_backends).
 # The 4 tasks at their own size: every step samples all four, so PPO's first and last steps compare
 # the same tasks. RFT runs 400 epochs: after 40 (loss 0.05-0.08 per token) every value episode wrote
 # unparsable or mixed-up calls; after 400 (loss 0.0007) all 16 passed at temperature 0.5, and 9 of 16
