@@ -324,7 +324,8 @@ def _mean(values: list[float]) -> float | None:
 def _standard_error(rows: list[dict[str, Any]]) -> float | None:
     """Standard error of the mean reward over the episodes of ``rows`` (their reward counts): how
     far two such means may differ by sampling alone."""
-    rewards = [float(level) for r in rows for level in (-1, 1, 2, 3) for _ in range(int(r.get(f"reward/count_{level}", 0)))]
+    rewards = [float(level) for r in rows for level in (-1, 1, 2, 3)
+               for _ in range(int(r.get(f"reward/count_{level}", 0)))]
     return statistics.stdev(rewards) / len(rewards) ** 0.5 if len(rewards) > 1 else None
 
 
@@ -347,9 +348,9 @@ def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
     if not rows:
         return None
     series = (lambda key: [r[key] for r in rows if isinstance(r.get(key), (int, float))])
-    rewards = series("reward/mean")
-    quarter = max(1, len(rewards) // 4)
     rewarded = [r for r in rows if isinstance(r.get("reward/mean"), (int, float))]
+    rewards = [r["reward/mean"] for r in rewarded]
+    quarter = max(1, len(rewards) // 4)
     positive = sum(sum(r.get(f"reward/count_{level}", 0) for level in (1, 2, 3)) for r in rows)
     scored = sum(r.get("episodes", 0) - r.get("episodes/unscored", 0) for r in rows)
     pass_rate = positive / scored if scored else None

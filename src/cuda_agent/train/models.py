@@ -59,14 +59,14 @@ class Precision:
         return {"fp32": cls(torch.float32, None), "bf16-mixed": cls(torch.float32, torch.bfloat16),
                 "bf16": cls(torch.bfloat16, None)}[name]
 
-    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def autocast(self, device: torch.device) -> Iterator[None]:
         """Where forward passes run: under autocast when this precision has one, attention kept
         off cuDNN (:mod:`cuda_agent.attention_backends`: padded lengths change every batch)."""
-        stack = contextlib.ExitStack()
-        stack.enter_context(without_cudnn_attention(device.type))
-        if self.autocast_dtype is not None:
-            stack.enter_context(torch.autocast(device.type, dtype=self.autocast_dtype))
-        return stack
+        cast = torch.autocast(device.type, dtype=self.autocast_dtype) if self.autocast_dtype is not None \
+            else contextlib.nullcontext()
+        with without_cudnn_attention(device.type), cast:
+            yield
 
 
 class ValueHead(nn.Module):
