@@ -76,6 +76,9 @@ class Plan:
     """Actor and critic learning rate of the warm-up (a random model: large steps are harmless)."""
     ppo_lr: float
     """The PPO actor's learning rate (the RFT actor has memorised its replies: large steps break them)."""
+    lam: float
+    """GAE's lambda in value pre-training and PPO (the paper's 0.95 needs a critic that already
+    assigns credit; see GPU_PLAN)."""
     max_new_tokens: int | None
     """Tokens per turn; None: room for the longest recorded reply (a model that learned it can repeat it)."""
     rft_sample: bool
@@ -91,12 +94,16 @@ class Plan:
 # unparsable or mixed-up calls; after 400 (loss 0.0007) all 16 passed at temperature 0.5, and 9 of 16
 # at 1.0, where sampling stays: room for PPO. PPO's actor learns at 1e-5: at 1e-4 (warm-up's rate),
 # one update (8 optimizer steps) broke the memorised replies, and every later episode wrote garbled
-# calls (reward -1 from step 2 on). RFT skips sampling: the warm-up actor of a random model passes
-# no episode.
+# calls (reward -1 from step 2 on). At 1e-5 with GAE's lambda 0.95 the reward did not move in 8
+# steps: a reply is ~1,300 tokens and the reward reaches back ~0.95^k, so all but its last ~100
+# tokens took their advantage from a random critic's differences alone (noise, whitened to unit
+# size); a slip anywhere in the reply is what fails an episode. Lambda 1 gives every token the
+# episode's reward minus the critic's value, and PPO's actor learns at 3e-5. RFT skips sampling:
+# the warm-up actor of a random model passes no episode.
 GPU_PLAN = Plan(GPU_TASKS, (1.0,), (0.5, 0.125), 4, 2, "small",
-                {"warmup": 1, "value": 1, "ppo": 8}, 4, 4, 400, 1e-4, 1e-5, None, False)
+                {"warmup": 1, "value": 1, "ppo": 8}, 4, 4, 400, 1e-4, 3e-5, 1.0, None, False)
 SMOKE_PLAN = Plan(("relu",), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
-                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 1e-4, 32, True)
+                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 1e-4, 1.0, 32, True)
 
 
 def scaled_task(code: str, scale: float) -> str:
@@ -157,14 +164,14 @@ def train_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, max
         "rft": {"trajectories": [str(out / "replays.jsonl")], "sample": plan.rft_sample, "rollout": rollout,
                 "epochs": plan.rft_epochs, "batch_size": 8, "optim": {"lr": 1e-3}, "tensorboard": tensorboard,
                 "checkpoint": {"every_steps": 20}},
-        "value": {"steps": plan.steps["value"], "rollout": rollout, "critic_optim": {"lr": 1e-4},
-                  "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
-        "ppo": {"steps": plan.steps["ppo"], "rollout": rollout, "actor_optim": {"lr": plan.ppo_lr},
-                "critic_optim": {"lr": 1e-4}, "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
+        "value": {"steps": plan.steps["value"], "rollout": rollout, "algorithm": {"lam": plan.lam},
+                  "critic_optim": {"lr": 1e-4}, "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
+        "ppo": {"steps": plan.steps["ppo"], "rollout": rollout, "algorithm": {"lam": plan.lam},
+                "actor_optim": {"lr": plan.ppo_lr}, "critic_optim": {"lr": 1e-4}, "checkpoint": {"every_steps": 1},
+                "tensorboard": tensorboard},
     }
     if cache_dir is not None:
         config["cache_dir"] = str(cache_dir)
-    config["timing"] = {"budget_s": 2.0}  # per timed candidate (default 5 s): more episodes per minute
     if smoke:
         config["timing"] = {"budget_s": SMOKE_TIMING.budget_s, "min_samples": SMOKE_TIMING.min_samples,
                             "warmup_calls": SMOKE_TIMING.warmup_calls, "warmup_ms": SMOKE_TIMING.warmup_ms,
