@@ -79,6 +79,8 @@ class Plan:
     lam: float
     """GAE's lambda in value pre-training and PPO (the paper's 0.95 needs a critic that already
     assigns credit; see GPU_PLAN)."""
+    critic_lr: float
+    """The critic's learning rate in value pre-training and PPO."""
     max_new_tokens: int | None
     """Tokens per turn; None: room for the longest recorded reply (a model that learned it can repeat it)."""
     rft_sample: bool
@@ -96,14 +98,18 @@ class Plan:
 # one update (8 optimizer steps) broke the memorised replies, and every later episode wrote garbled
 # calls (reward -1 from step 2 on). At 1e-5 with GAE's lambda 0.95 the reward did not move in 8
 # steps: a reply is ~1,300 tokens and the reward reaches back ~0.95^k, so all but its last ~100
-# tokens took their advantage from a random critic's differences alone (noise, whitened to unit
-# size); a slip anywhere in the reply is what fails an episode. Lambda 1 gives every token the
-# episode's reward minus the critic's value, and PPO's actor learns at 3e-5. RFT skips sampling:
-# the warm-up actor of a random model passes no episode.
+# tokens took their advantage from the critic's differences alone; a slip anywhere in the reply is
+# what fails an episode. With lambda 1 (every token gets the episode's reward minus the critic's
+# value) at 3e-5 the reward fell (0.75 -> 0.0 over 8 steps, H200): a failed reply is a slip followed
+# by hundreds of garbled tokens, all pushed down, while the critic, trained by one value step at
+# 1e-4, did not tell them apart. So the critic now learns longer and faster before PPO (3 value
+# steps of 4 epochs at 3e-4; `critic/outcome_value_gap` shows whether it tells a failed episode by
+# its end), and PPO's actor learns at 2e-5. RFT skips sampling: the warm-up actor of a random model
+# passes no episode.
 GPU_PLAN = Plan(GPU_TASKS, (1.0,), (0.5, 0.125), 4, 2, "small",
-                {"warmup": 1, "value": 1, "ppo": 8}, 4, 4, 400, 1e-4, 3e-5, 1.0, None, False)
+                {"warmup": 1, "value": 3, "ppo": 8}, 4, 4, 400, 1e-4, 2e-5, 1.0, 3e-4, None, False)
 SMOKE_PLAN = Plan(("relu",), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
-                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 1e-4, 1.0, 32, True)
+                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 1e-4, 1.0, 1e-4, 32, True)
 
 
 def scaled_task(code: str, scale: float) -> str:
@@ -164,11 +170,11 @@ def train_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, max
         "rft": {"trajectories": [str(out / "replays.jsonl")], "sample": plan.rft_sample, "rollout": rollout,
                 "epochs": plan.rft_epochs, "batch_size": 8, "optim": {"lr": 1e-3}, "tensorboard": tensorboard,
                 "checkpoint": {"every_steps": 20}},
-        "value": {"steps": plan.steps["value"], "rollout": rollout, "algorithm": {"lam": plan.lam},
-                  "critic_optim": {"lr": 1e-4}, "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
+        "value": {"steps": plan.steps["value"], "rollout": rollout, "algorithm": {"lam": plan.lam, "epochs": 4},
+                  "critic_optim": {"lr": plan.critic_lr}, "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
         "ppo": {"steps": plan.steps["ppo"], "rollout": rollout, "algorithm": {"lam": plan.lam},
-                "actor_optim": {"lr": plan.ppo_lr}, "critic_optim": {"lr": 1e-4}, "checkpoint": {"every_steps": 1},
-                "tensorboard": tensorboard},
+                "actor_optim": {"lr": plan.ppo_lr}, "critic_optim": {"lr": plan.critic_lr},
+                "checkpoint": {"every_steps": 1}, "tensorboard": tensorboard},
     }
     if cache_dir is not None:
         config["cache_dir"] = str(cache_dir)
@@ -374,6 +380,7 @@ def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
             "mean_reward_last_se": _standard_error(rewarded[-quarter:]),
             "pass_rate": pass_rate, "clip_fraction": _mean(series("actor/clip_fraction")),
             "kl": _mean(series("actor/approx_kl")), "gen_tokens_per_s": statistics.median(gen) if gen else None,
+            "outcome_value_gap": _mean(series("critic/outcome_value_gap")),
             "update_tokens_per_s": statistics.median(update) if update else None,
             "peak_gpu_gb": max(peak) if peak else None, "steps": len(rows), "status": record.get("status"),
             "verdict_wait_share": _mean(series("rollout/verdict_wait_share")),

@@ -56,3 +56,16 @@ def test_kl_penalty_to_the_starting_policy_is_zero_before_the_first_update(keypa
     assert abs(first["actor/kl_to_reference"]) < 1e-6 and abs(first["actor/approx_kl"]) < 1e-6
     second = learner.update(learner.estimate(learner.score(ROWS), [1.0, -1.0]))
     assert second["actor/kl_to_reference"] > 0  # the actor moved away from its frozen copy
+
+
+def test_outcome_value_gap_compares_the_critics_last_value_of_passing_and_failing_episodes():
+    from cuda_agent.train.ppo import ScoredBatch
+
+    # Episode 0 (passed) has two rows: its last policy token is in the second; episode 1 failed;
+    # episode 2 reached no verdict and is left out.
+    rows = [TokenRow(0, (1, 2, 3), (0, 1, 0)), TokenRow(0, (1, 2, 3, 4), (0, 0, 1, 1)),
+            TokenRow(1, (1, 2, 3), (0, 1, 1)), TokenRow(2, (1, 2), (0, 1))]
+    values = [torch.tensor([9.0, 9.0]), torch.tensor([9.0, 0.5, 2.0]), torch.tensor([0.0, -1.0]), torch.tensor([7.0])]
+    batch = ScoredBatch(rows, [None] * 4, [None] * 4, values, [], [])
+    assert batch.outcome_value_gap([1.0, -1.0, None]) == 3.0
+    assert batch.outcome_value_gap([1.0, 3.0, None]) is None

@@ -46,6 +46,20 @@ class ScoredBatch:
             return float("nan")
         return float(1.0 - torch.var(returns - values) / torch.var(returns).clamp(min=1e-8))
 
+    def outcome_value_gap(self, rewards: Sequence[float | None]) -> float | None:
+        """The critic's old value at the last policy token of passing episodes (reward > 0) minus
+        that of failing ones; None unless both occur. Above 0 when, by an episode's end, the critic
+        tells how it went: what lets GAE pin a failure on the tokens that caused it (the
+        explained variance cannot show it while the tokens before a slip are alike in both)."""
+        last: dict[int, float] = {}
+        for row, values in zip(self.rows, self.old_values):
+            positions = torch.nonzero(torch.tensor(row.policy_mask[1:])).flatten()
+            if values is not None and len(positions) and rewards[row.episode] is not None:
+                last[row.episode] = float(values[positions[-1]])  # an episode's rows come in order
+        passed = [v for e, v in last.items() if rewards[e] > 0]
+        failed = [v for e, v in last.items() if rewards[e] <= 0]
+        return sum(passed) / len(passed) - sum(failed) / len(failed) if passed and failed else None
+
 
 class PPOLearner:
     """Args:

@@ -84,6 +84,9 @@ def train_step(run: RLRun, learner: PPOLearner, rollout: Callable[[RLRun, int], 
     batch = learner.estimate(scored, rewards)
     metrics = {**sample.metrics, **reward_metrics(rewards), "score/seconds": score_s,
                "score/tokens_per_s": scored.tokens / max(score_s, 1e-9), "step/verdict_blocked_seconds": blocked_s}
+    gap = scored.outcome_value_gap(rewards)
+    if gap is not None:
+        metrics["critic/outcome_value_gap"] = gap
     metrics["episodes/harness_errors"] = metrics["episodes/unscored"] + sample.metrics.get("rollout/failures", 0.0)
     if batch.rows:
         epochs = learner.algorithm.epochs
