@@ -87,8 +87,8 @@ class Plan:
     """Whether RFT also samples episodes with the warm-up actor (besides the recorded ones)."""
 
 
-# Sized from H100 runs (2026-11-26). Preparing takes 265-380 s on a cold cache; an RFT step 0.1 s; a
-# PPO step 75-107 s (16 episodes; 70-83 % of it waits for verdicts, scored one at a time) now that
+# Sized from H100 and H200 runs (2026-11-26). Preparing takes 258-380 s on a cold cache; an RFT step
+# 0.1 s; a PPO step 60-107 s (16 episodes; 70-83 % of it waits for verdicts, scored one at a time) now that
 # decoding takes 7-8 ms per step: it took 80-90 ms while cuDNN attention built a plan for every new
 # length (cuda_agent.attention_backends).
 # The 4 tasks at their own size: every step samples all four, so PPO's first and last steps compare
@@ -102,10 +102,11 @@ class Plan:
 # what fails an episode. With lambda 1 (every token gets the episode's reward minus the critic's
 # value) at 3e-5 the reward fell (0.75 -> 0.0 over 8 steps, H200): a failed reply is a slip followed
 # by hundreds of garbled tokens, all pushed down, while the critic, trained by one value step at
-# 1e-4, did not tell them apart. So the critic now learns longer and faster before PPO (3 value
-# steps of 4 epochs at 3e-4; `critic/outcome_value_gap` shows whether it tells a failed episode by
-# its end), and PPO's actor learns at 2e-5. RFT skips sampling: the warm-up actor of a random model
-# passes no episode.
+# 1e-4, did not tell them apart. So the critic learns longer and faster before PPO (3 value steps
+# of 4 epochs at 3e-4) and PPO's actor learns at 2e-5; on an H100 that was still not enough:
+# `critic/outcome_value_gap` (the critic's value at the end of passing minus failing episodes)
+# stayed within 0.02 of 0 through 3 value and 4 PPO steps. RFT skips sampling: the warm-up actor of
+# a random model passes no episode.
 GPU_PLAN = Plan(GPU_TASKS, (1.0,), (0.5, 0.125), 4, 2, "small",
                 {"warmup": 1, "value": 3, "ppo": 8}, 4, 4, 400, 1e-4, 2e-5, 1.0, 3e-4, None, False)
 SMOKE_PLAN = Plan(("relu",), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
