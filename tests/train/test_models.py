@@ -7,7 +7,7 @@ import torch
 
 from cuda_agent.train.config import LoRAConfig, ModelConfig, OptimConfig, PPOAlgorithmConfig
 from cuda_agent.train.models import ModelSet
-from cuda_agent.train.ppo import PPOLearner
+from cuda_agent.train.ppo import PPOLearner, ScoredBatch
 from cuda_agent.train.sequences import TokenRow
 from cuda_agent.train.sft import SFTLearner
 
@@ -59,8 +59,6 @@ def test_kl_penalty_to_the_starting_policy_is_zero_before_the_first_update(keypa
 
 
 def test_outcome_value_gap_compares_the_critics_last_value_of_passing_and_failing_episodes():
-    from cuda_agent.train.ppo import ScoredBatch
-
     # Episode 0 (passed) has two rows: its last policy token is in the second; episode 1 failed;
     # episode 2 reached no verdict and is left out.
     rows = [TokenRow(0, (1, 2, 3), (0, 1, 0)), TokenRow(0, (1, 2, 3, 4), (0, 0, 1, 1)),
