@@ -25,6 +25,7 @@ where a key does not apply), plus the held-out reward and the figure of merit (P
 against its first). ``--smoke`` shrinks everything to a CPU-sized mechanical check.
 
     python bench/train_e2e.py --out runs/e2e                      # repeat until "all steps done"
+    python bench/train_e2e.py --out runs/e2e --stop-after rft     # prepare and RFT only (resume later)
     python bench/train_e2e.py --out runs/e2e-smoke --smoke --device cpu
 """
 
@@ -188,8 +189,6 @@ def train_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, max
 
 def prepare(out: Path, plan: Plan, device: str, cache_dir: Path | None, smoke: bool, deadline: float) -> bool:
     """Tasks, model, config, then the recorded episodes (resumable per episode); True when complete."""
-    import yaml
-
     from cuda_agent.train.init_model import default_corpus, init_random_model
 
     state_path = out / "prepare.json"
@@ -205,10 +204,20 @@ def prepare(out: Path, plan: Plan, device: str, cache_dir: Path | None, smoke: b
         reply = plan.max_new_tokens or _reply_tokens(out / "model", [replay_turn(t, device, 0) for t in plan.tasks])
         prompt = _prompt_tokens(out / "model", out / "tasks" / "train", device)
         state.update(max_new_tokens=reply, window_tokens=(prompt + 3 * reply + 512) // 1024 * 1024 + 1024)
-        (out / "train.yaml").write_text(yaml.safe_dump(
-            train_config(out, plan, device, cache_dir, reply, state["window_tokens"], smoke)))
         state_path.write_text(json.dumps(state, indent=2))
+    write_config(out, plan, device, cache_dir, smoke)
     return record_replays(out, plan, device, deadline)
+
+
+def write_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, smoke: bool) -> None:
+    """``train.yaml`` from the plan and the prepared sizes, rewritten by every invocation: a stage
+    not yet started runs with the plan of the code that starts it (a started stage refuses
+    changed settings, naming them)."""
+    import yaml
+
+    state = json.loads((out / "prepare.json").read_text())
+    (out / "train.yaml").write_text(yaml.safe_dump(
+        train_config(out, plan, device, cache_dir, state["max_new_tokens"], state["window_tokens"], smoke)))
 
 
 def _reply_tokens(model: Path, turns: list[dict[str, Any]]) -> int:
@@ -428,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=540.0, help="Wall-clock budget of this invocation.")
     parser.add_argument("--smoke", action="store_true", help="Tiny sizes: a mechanical check of the pipeline.")
     parser.add_argument("--cache-dir", type=Path, default=None, help="The evaluator's build cache (shared).")
+    parser.add_argument("--stop-after", choices=STEPS, default=None,
+                        help="Stop once this step is done (e.g. prepare and RFT on one machine, the rest later).")
     parser.add_argument("--results", type=Path, default=None,
                         help="Default: bench/results/train_e2e_<device>.json (smoke: <out>/train_e2e.json).")
     args = parser.parse_args(argv)
@@ -443,8 +454,12 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"{args.out}: holds a run with smoke={progress['smoke']} on {progress['device']}; "
                          "use another --out")
     progress.update(smoke=args.smoke, device=device)
+    if "prepare" in progress["done"]:
+        write_config(args.out, plan, device, args.cache_dir, args.smoke)
     for step in STEPS:
         if step in progress["done"]:
+            if step == args.stop_after:
+                break
             continue
         if time.monotonic() >= deadline:
             break
@@ -460,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
         if finished:
             progress["done"].append(step)
         progress_path.write_text(json.dumps(progress, indent=2))
-        if not finished:
+        if not finished or step == args.stop_after:
             break
     summary = results(args.out, plan, args.smoke, progress["done"], progress["wall_s"])
     target = args.results or (args.out / "train_e2e.json" if args.smoke else

@@ -33,6 +33,10 @@ def test_smoke_run_resumes_step_by_step_and_reports_every_stage(device, tmp_path
     assert json.loads((tmp_path / "run" / "train_e2e.json").read_text())["steps_done"] == []
     bench.main([*args, "--budget-s", "1"])  # stops during or right after the recording
     assert "(run again)" in capsys.readouterr().out and (tmp_path / "run" / "prepare.json").is_file()
+    bench.main([*args, "--budget-s", "3000", "--stop-after", "rft"])
+    assert "next: value (run again)" in capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "train_e2e.json").read_text())["steps_done"] == ["prepare", "warmup", "rft"]
+    (tmp_path / "run" / "train.yaml").unlink()  # every invocation writes the config from the plan again
     for _ in range(len(bench.STEPS)):
         bench.main([*args, "--budget-s", "3000"])
         if "all steps done" in capsys.readouterr().out:
