@@ -8,9 +8,12 @@ unfinished step within ``--budget-s`` (default 540 s) and exits; run it again un
 1. ``prepare``: the training tasks (bundled examples; the smoke run uses size variants of one),
    the held-out tasks (size variants synthesised here: the same operators with other module-level
    sizes; on CUDA also tasks of the synth sample), a random model whose tokenizer is trained on
-   the tasks, solutions and prompts, and a few dozen episodes of the replay policy writing the
-   bundled honest solution and finishing, scored by the real evaluator (``replays.jsonl``; the
-   recording resumes per episode);
+   the tasks, solutions and prompts, and episodes of the replay policy scored by the real
+   evaluator (``replays.jsonl``; the recording resumes per episode). Even samples write the
+   bundled honest solution, odd ones the same kernel launched on a single block (correct, and
+   far slower than eager PyTorch: reward 1), each after its own opening line, and finish. RFT
+   keeps both (reward > 0), so its actor opens either way; what PPO can learn from the real
+   reward is to open the fast way;
 2. ``warmup``, ``rft`` (the recorded episodes; the smoke run also samples), ``value`` and ``ppo``:
    ``cuda-agent train``'s stages in ``stages/<name>`` (a stage stopped by the budget resumes
    from its checkpoint);
@@ -21,8 +24,9 @@ After every step ``bench/results/train_e2e_<device>.json`` (``--results``) is re
 (mean reward of the stage's first and last steps, a quarter of its steps each), ``pass_rate``
 (share of its episodes with reward > 0), ``clip_fraction``, ``kl`` (mean approximate KL of
 sampling to updated policy), ``gen_tokens_per_s``, ``update_tokens_per_s``, ``peak_gpu_gb`` (null
-where a key does not apply), plus the held-out reward and the figure of merit (PPO's last steps
-against its first). ``--smoke`` shrinks everything to a CPU-sized mechanical check.
+where a key does not apply), ``fast_opening_share_first``/``_last`` (share of the value and PPO
+episodes opening the fast solution's way), plus the held-out reward and the figure of merit (PPO's
+last steps against its first). ``--smoke`` shrinks everything to a CPU-sized mechanical check.
 
     python bench/train_e2e.py --out runs/e2e                      # repeat until "all steps done"
     python bench/train_e2e.py --out runs/e2e --stop-after rft     # prepare and RFT only (resume later)
@@ -40,21 +44,29 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from benchlib import EXAMPLES, REPO, SMOKE_TIMING, machine_details, sample_solution, write_json  # noqa: E402
 
+if TYPE_CHECKING:
+    from cuda_agent.environment import EvalConfig
+
 STAGES = ("warmup", "rft", "value", "ppo")
 STEPS = ("prepare", *STAGES, "heldout")
-GPU_TASKS = ("relu", "row_sum", "softmax", "rmsnorm")
-"""The bundled examples trained on: their solutions are the shortest (replies of up to ~1,900 tokens;
-matmul's would be 2,560)."""
+GPU_TASKS = ("relu", "row_sum", "rmsnorm", "add_relu_mul")
+"""The bundled examples trained on: short solutions (replies of up to ~2,000 tokens; matmul's would be
+2,560). rmsnorm's and add_relu_mul's fused kernels beat eager PyTorch and torch.compile by far
+(reward 3 on an H100); relu's and row_sum's are about as fast as eager (reward 1 or 3 by the
+timing's noise). softmax is left out: its kernel ties eager (reward 1 on an H100, as its slow
+variant), so it gives PPO no signal."""
 SYNTH_SAMPLE = EXAMPLES / "data" / "synth-h100-sample" / "tasks.parquet"
 SIZE_CONSTANT = re.compile(r"^([A-Za-z_]\w*) = (\d+)$", re.MULTILINE)
-OPENINGS = ("I will write a fused kernel and finish.", "Writing the kernel in model_new.py, then finishing.",
-            "A custom kernel for this module:")
+FAST_OPENING = "I will write a fused kernel and finish."
+SLOW_OPENING = "A simple kernel on one block, then finishing."
+"""The replies' first words tell the two solutions apart, so the actor chooses between them at its first token."""
+LAUNCH_GRID = re.compile(r"^(\s*const int blocks = ).*;$", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -86,32 +98,33 @@ class Plan:
     """Tokens per turn; None: room for the longest recorded reply (a model that learned it can repeat it)."""
     rft_sample: bool
     """Whether RFT also samples episodes with the warm-up actor (besides the recorded ones)."""
+    temperature: float
+    """Sampling temperature of every stage (the PPO log-probabilities use the same one)."""
 
 
-# Sized from H100 and H200 runs (2026-11-26). Preparing takes 258-380 s on a cold cache; an RFT step
-# 0.1 s; a PPO step 60-107 s (16 episodes; 70-83 % of it waits for verdicts, scored one at a time) now that
-# decoding takes 7-8 ms per step: it took 80-90 ms while cuDNN attention built a plan for every new
-# length (cuda_agent.attention_backends).
+# Sized from H100 and H200 runs (2026-11-26/27). Preparing takes 208-232 s on a cold cache (the 8
+# recorded solutions compile at once in ~125 s; one after another it took 258-380 s); an RFT step
+# 0.1 s; a PPO step 60-107 s (16 episodes; 70-83 % of it waits for verdicts, scored one at a time).
 # The 4 tasks at their own size: every step samples all four, so PPO's first and last steps compare
-# the same tasks. RFT runs 400 epochs: after 40 (loss 0.05-0.08 per token) every value episode wrote
-# unparsable or mixed-up calls; after 400 (loss 0.0007) all 16 passed at temperature 0.5, and 9 of 16
-# at 1.0, where sampling stays: room for PPO. PPO's actor learns at 1e-5: at 1e-4 (warm-up's rate),
-# one update (8 optimizer steps) broke the memorised replies, and every later episode wrote garbled
-# calls (reward -1 from step 2 on). At 1e-5 with GAE's lambda 0.95 the reward did not move in 8
-# steps: a reply is ~1,300 tokens and the reward reaches back ~0.95^k, so all but its last ~100
-# tokens took their advantage from the critic's differences alone; a slip anywhere in the reply is
-# what fails an episode. With lambda 1 (every token gets the episode's reward minus the critic's
-# value) at 3e-5 the reward fell (0.75 -> 0.0 over 8 steps, H200): a failed reply is a slip followed
-# by hundreds of garbled tokens, all pushed down, while the critic, trained by one value step at
-# 1e-4, did not tell them apart. So the critic learns longer and faster before PPO (3 value steps
-# of 4 epochs at 3e-4) and PPO's actor learns at 2e-5; on an H100 that was still not enough:
-# `critic/outcome_value_gap` (the critic's value at the end of passing minus failing episodes)
-# stayed within 0.02 of 0 through 3 value and 4 PPO steps. RFT skips sampling: the warm-up actor of
-# a random model passes no episode.
+# the same tasks. RFT runs 400 epochs: after 40 every episode wrote unparsable calls; after 400
+# (loss 0.001) all 16 passed at temperature 0.5, about half at 1.0.
+# What PPO can learn here (docs/train.md, "End to end on the kernel environment"): with one recorded
+# solution per task, the RFT actor's only failures at temperature 1 are slips (one unlikely token
+# somewhere in a reply of ~1,300 tokens, then garbled text). No PPO setting tried (lr 3e-6 to 1e-4,
+# GAE lambda 0.95 or 1, critics trained for up to 600 steps) made them rarer: the hundreds of
+# garbled tokens after a slip carry the batch's largest gradients and average to zero. So the
+# recorded episodes teach two correct solutions per task, fast (reward 1-3) and single-block (reward
+# 1), chosen by the reply's first token, and sampling runs at temperature 0.5, where the RFT actor
+# does not slip: PPO's signal is which solution the real reward favours. Its actor learns at 5e-6:
+# at 1e-4 one update broke the memorised replies; at 1e-5 (H100, 2026-11-27) the fast share went
+# from about half to all in 3 steps, and then the steps that only carried the timing's noise broke
+# softmax's replies (reward -1 from step 5 on). GAE's lambda is 1 (every token gets the episode's
+# reward minus the critic's value: the first token's choice needs no learned credit). RFT skips
+# sampling: the warm-up actor of a random model passes no episode.
 GPU_PLAN = Plan(GPU_TASKS, (1.0,), (0.5, 0.125), 4, 2, "small",
-                {"warmup": 1, "value": 3, "ppo": 8}, 4, 4, 400, 1e-4, 2e-5, 1.0, 3e-4, None, False)
+                {"warmup": 1, "value": 3, "ppo": 8}, 4, 4, 400, 1e-4, 5e-6, 1.0, 3e-4, None, False, 0.5)
 SMOKE_PLAN = Plan(("relu",), (0.125, 0.0625), (0.03125,), 0, 1, "tiny",
-                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 1e-4, 1.0, 1e-4, 32, True)
+                  {"warmup": 1, "value": 1, "ppo": 2}, 1, 1, 2, 1e-4, 1e-4, 1.0, 1e-4, 32, True, 1.0)
 
 
 def scaled_task(code: str, scale: float) -> str:
@@ -144,10 +157,23 @@ def solution_of(task_id: str, device: str) -> Path:
     return sample_solution(device, task_id.split("_x")[0], "single")
 
 
+def single_block_variant(source: str, path: Path) -> str:
+    """``source`` with its kernel launched on one block: the grid-stride loops keep it correct,
+    and it is far slower than eager PyTorch on the training sizes (reward 1)."""
+    slow, count = LAUNCH_GRID.subn(r"\g<1>1;  // one block: correct, slow", source)
+    if count != 1:
+        raise ValueError(f"{path}: expected exactly one line 'const int blocks = ...;' to launch on one block, "
+                         f"found {count}")
+    return slow
+
+
 def replay_turn(task_id: str, device: str, sample: int) -> dict[str, Any]:
-    """The recorded reply: write the bundled honest solution as ``model_new.py`` and finish."""
-    source = solution_of(task_id, device).read_text()
-    return {"content": OPENINGS[sample % len(OPENINGS)],
+    """The recorded reply: write the bundled honest solution (even ``sample``) or its single-block
+    variant (odd) as ``model_new.py``, and finish."""
+    path = solution_of(task_id, device)
+    fast = sample % 2 == 0
+    source = path.read_text() if fast else single_block_variant(path.read_text(), path)
+    return {"content": FAST_OPENING if fast else SLOW_OPENING,
             "tool_calls": [{"function": {"name": "write_file", "arguments": {"path": "model_new.py", "content": source}}},
                            {"function": {"name": "finish", "arguments": {"summary": "a custom kernel"}}}]}
 
@@ -157,7 +183,7 @@ def train_config(out: Path, plan: Plan, device: str, cache_dir: Path | None, max
     """The training YAML: non-paper learning rates and sizes (a random model, minutes per stage)."""
     rollout = {"tasks_per_step": plan.tasks_per_step, "samples_per_task": plan.samples_per_task,
                "max_new_tokens": max_new_tokens, "max_batch": 32, "concurrency": 32,
-               "evaluation_slots": 1, "temperature": 1.0}  # one evaluation at a time per GPU: undisturbed timing
+               "evaluation_slots": 1, "temperature": plan.temperature}  # one evaluation at a time per GPU: undisturbed timing
     tensorboard = not smoke
     # RL stages checkpoint every step: an invocation stopped by its caller loses one step at most.
     config: dict[str, Any] = {
@@ -197,11 +223,12 @@ def prepare(out: Path, plan: Plan, device: str, cache_dir: Path | None, smoke: b
         state["tasks"] = write_tasks(out, plan, device)
         sources = [(out / "tasks" / name / f"{t}.py").read_text() for name in ("train", "heldout")
                    for t in state["tasks"][name]]
-        solutions = [solution_of(t, device).read_text() for t in plan.tasks]
-        turns = [json.dumps(replay_turn(t, device, 0)) for t in plan.tasks]
+        replies = [replay_turn(t, device, sample) for t in plan.tasks for sample in range(min(2, plan.episodes_per_task))]
+        solutions = [reply["tool_calls"][0]["function"]["arguments"]["content"] for reply in replies]
+        turns = [json.dumps(reply) for reply in replies]
         init_random_model(out / "model", plan.model_size, default_corpus(sources + solutions * 4 + turns), seed=0,
                           max_positions=32768)
-        reply = plan.max_new_tokens or _reply_tokens(out / "model", [replay_turn(t, device, 0) for t in plan.tasks])
+        reply = plan.max_new_tokens or _reply_tokens(out / "model", replies)
         prompt = _prompt_tokens(out / "model", out / "tasks" / "train", device)
         state.update(max_new_tokens=reply, window_tokens=(prompt + 3 * reply + 512) // 1024 * 1024 + 1024)
         state_path.write_text(json.dumps(state, indent=2))
@@ -261,7 +288,7 @@ def record_replays(out: Path, plan: Plan, device: str, deadline: float) -> bool:
     from cuda_agent.agent.policies.replay_policy import ReplayPolicy
     from cuda_agent.agent.trajectory import append_trajectory, read_trajectories
     from cuda_agent.train.cli import load_config
-    from cuda_agent.train.environments import make_environment
+    from cuda_agent.train.environments import evaluation_settings, make_environment
 
     path = out / "replays.jsonl"
     done = {t.episode_id for t in read_trajectories(path)} if path.is_file() else set()
@@ -269,6 +296,8 @@ def record_replays(out: Path, plan: Plan, device: str, deadline: float) -> bool:
     environment = make_environment(config, config.ppo.rollout.evaluation_slots)
     jobs = [(task, sample) for task in environment.tasks for sample in range(plan.episodes_per_task)
             if f"replay-{task.id}-s{sample}" not in done]
+    prebuild(out / "prebuild", [replay_turn(task.id, device, sample)["tool_calls"][0]["function"]["arguments"]["content"]
+                                for task, sample in jobs], evaluation_settings(config)[0])
 
     async def main() -> None:
         await environment.start()
@@ -294,6 +323,32 @@ def record_replays(out: Path, plan: Plan, device: str, deadline: float) -> bool:
         environment.close()
     recorded = list(read_trajectories(path)) if path.is_file() else []
     return len(recorded) >= len(environment.tasks) * plan.episodes_per_task
+
+
+def prebuild(folder: Path, sources: list[str], config: EvalConfig) -> None:
+    """Compile the distinct recorded solutions all at once: their evaluations, one at a time in the
+    evaluation slot, then find them in the build cache instead of compiling there one by one."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cuda_agent.environment import load_solution
+    from cuda_agent.environment.build import CompileError, build_solution
+
+    def build(path: Path) -> None:
+        try:
+            built = build_solution(load_solution(path), config.device, config.build, config.cache_dir, config.sandbox)
+            print(f"prebuilt {path.parent.name}: " + ("cached" if built.info.cached else f"{built.info.seconds:.0f} s"),
+                  flush=True)
+        except CompileError as exc:  # its episode records the failure
+            print(f"prebuild {path.parent.name} failed: {exc}", flush=True)
+
+    paths = []
+    for number, source in enumerate(dict.fromkeys(sources)):
+        (folder / str(number)).mkdir(parents=True, exist_ok=True)
+        paths.append(folder / str(number) / "model_new.py")
+        paths[-1].write_text(source)
+    if paths:
+        with ThreadPoolExecutor(len(paths)) as pool:
+            list(pool.map(build, paths))
 
 
 def run_stage(out: Path, name: str, deadline: float) -> bool:
@@ -363,6 +418,18 @@ def figure_of_merit(ppo: dict[str, Any]) -> dict[str, Any]:
             "difference_se": None if None in errors else (errors[0] ** 2 + errors[1] ** 2) ** 0.5}
 
 
+def opening_shares(folder: Path) -> list[float]:
+    """Per step of an RL stage (its ``rollouts/step-*.jsonl``), the share of episodes whose reply
+    opens the way the fast solution's does: what PPO is expected to raise."""
+    shares = []
+    for path in sorted((folder / "rollouts").glob("step-*.jsonl")):
+        episodes = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        openings = [next((m.get("content") or "" for m in e["messages"] if m["role"] == "assistant"), "")
+                    for e in episodes]
+        shares.append(sum(o.lstrip().startswith(FAST_OPENING) for o in openings) / len(openings) if openings else 0.0)
+    return shares
+
+
 def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
     """The per-stage keys of the results JSON from the stage's metrics (null where they do not apply)."""
     from cuda_agent.train.metrics import read_metrics
@@ -385,6 +452,7 @@ def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
     gen = series("rollout/generation_tokens_per_s")
     update = series("update/tokens_per_s") or series("sft/tokens_per_s")
     record = json.loads((folder / "stage.json").read_text()) if (folder / "stage.json").is_file() else {}
+    fast = opening_shares(folder)
     return {"mean_reward_first": _mean(rewards[:quarter]), "mean_reward_last": _mean(rewards[-quarter:]),
             "mean_reward_first_se": _standard_error(rewarded[:quarter]),
             "mean_reward_last_se": _standard_error(rewarded[-quarter:]),
@@ -399,7 +467,8 @@ def stage_summary(folder: Path, name: str) -> dict[str, Any] | None:
             "verdict_blocked_share": _mean(series("step/verdict_blocked_share")),
             "harness_errors": sum(series("episodes/harness_errors")),
             "sft_loss_first": _mean(series("sft/loss")[:quarter]) if name == "rft" else None,
-            "sft_loss_last": _mean(series("sft/loss")[-quarter:]) if name == "rft" else None}
+            "sft_loss_last": _mean(series("sft/loss")[-quarter:]) if name == "rft" else None,
+            "fast_opening_share_first": _mean(fast[:quarter]), "fast_opening_share_last": _mean(fast[-quarter:])}
 
 
 def results(out: Path, plan: Plan, smoke: bool, steps_done: list[str], wall: dict[str, float]) -> dict[str, Any]:

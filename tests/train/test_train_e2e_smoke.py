@@ -56,3 +56,40 @@ def test_smoke_run_resumes_step_by_step_and_reports_every_stage(device, tmp_path
     assert stages["ppo"]["clip_fraction"] is not None and stages["ppo"]["gen_tokens_per_s"] > 0
     assert stages["ppo"]["mean_reward_first"] is not None and result["figure_of_merit"]["improved"] is not None
     assert result["heldout"]["episodes"] == len(result["heldout"]["per_task"]) >= 1
+
+
+def test_each_trained_task_has_a_single_block_variant_opened_its_own_way():
+    bench = _bench()
+    for task in bench.GPU_TASKS:
+        fast, slow = (bench.replay_turn(task, "cuda", sample) for sample in (0, 1))
+        fast_source, slow_source = (turn["tool_calls"][0]["function"]["arguments"]["content"] for turn in (fast, slow))
+        assert fast["content"] == bench.FAST_OPENING and slow["content"] == bench.SLOW_OPENING
+        assert fast["content"].split()[0] != slow["content"].split()[0]  # told apart at the first word
+        assert "const int blocks = 1;" in slow_source and "const int blocks = 1;" not in fast_source, task
+        assert len(slow_source.splitlines()) == len(fast_source.splitlines())  # only the launch line differs
+
+
+def test_single_block_variant_names_the_file_without_one_launch_line(tmp_path):
+    bench = _bench()
+    path = tmp_path / "model_new.py"
+    with pytest.raises(ValueError, match=r"model_new\.py: expected exactly one line 'const int blocks = \.\.\.;'.*found 0"):
+        bench.single_block_variant("int main() { return 0; }\n", path)
+    twice = "    const int blocks = 4;\n    const int blocks = 8;\n"
+    with pytest.raises(ValueError, match="found 2"):
+        bench.single_block_variant(twice, path)
+
+
+def test_opening_shares_count_the_fast_openings_of_each_step(tmp_path):
+    bench = _bench()
+    rollouts = tmp_path / "rollouts"
+    rollouts.mkdir()
+
+    def episode(opening: str) -> str:
+        return json.dumps({"messages": [{"role": "user", "content": "task"}, {"role": "assistant", "content": opening}]})
+
+    steps = [[bench.FAST_OPENING, bench.SLOW_OPENING], [bench.FAST_OPENING, "garbled " + bench.FAST_OPENING],
+             [bench.FAST_OPENING, bench.FAST_OPENING]]
+    for number, openings in enumerate(steps, 1):
+        (rollouts / f"step-{number:06d}.jsonl").write_text("".join(episode(o) + "\n" for o in openings))
+    assert bench.opening_shares(tmp_path) == [0.5, 0.5, 1.0]
+    assert bench.opening_shares(tmp_path / "missing") == []
