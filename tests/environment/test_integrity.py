@@ -7,6 +7,7 @@ import torch
 
 from cuda_agent.environment import timing
 from cuda_agent.environment.integrity import HarnessSnapshot
+from cuda_agent.environment.thread_starts import START_FUNCTIONS, ThreadStartLog
 
 
 def test_rebinding_a_name_in_the_worker_namespace_is_seen() -> None:
@@ -24,3 +25,16 @@ def test_patching_what_the_runtime_checks_rely_on_is_seen(monkeypatch, owner, at
     snapshot = HarnessSnapshot({})
     monkeypatch.setattr(owner, attr, lambda *args: 0)
     assert snapshot.changed() == [f"torch.{owner.__name__}.{attr}"]
+
+
+def test_undoing_the_thread_start_stamping_is_seen(monkeypatch) -> None:
+    log = ThreadStartLog()
+    stamped = [(module, attr) for module, attr in START_FUNCTIONS if hasattr(module, attr)]
+    for module, attr in stamped:  # as the candidate worker installs it, before its snapshot
+        monkeypatch.setattr(module, attr, log.stamping(getattr(module, attr)))
+    snapshot = HarnessSnapshot({})
+    module, attr = stamped[0]
+    monkeypatch.setattr(module, attr, lambda *args, **kwargs: None)  # a candidate restoring an unstamped start
+    assert snapshot.changed() == [f"{module.__name__}.{attr}"]
+    monkeypatch.setattr(ThreadStartLog, "outlived", lambda self, since, returned: False)
+    assert "cuda_agent.environment.thread_starts.ThreadStartLog" in snapshot.changed()

@@ -1,14 +1,24 @@
 """The audit of timed calls (candidate_worker.TimedCallAudit): a uniform sample, captured into
-buffers that every timed call uses alike, so the allocator does not reveal which calls were audited."""
+buffers that every timed call uses alike, so the allocator does not reveal which calls were audited;
+and a thread a timed call left running when its batch's timer stopped, however soon it ended."""
 
 from __future__ import annotations
 
 import random
+import threading
+import time
 
+import pytest
 import torch
 
 from cuda_agent.environment.candidate_worker import TimedCallAudit
 from cuda_agent.environment.loading import copy_tree_into
+from cuda_agent.environment.thread_starts import START_FUNCTIONS, ThreadStartLog
+from cuda_agent.environment.timing import CpuTimer
+
+
+def _audit(size: int, seed: int, threads: ThreadStartLog | None = None, timer: CpuTimer | None = None) -> TimedCallAudit:
+    return TimedCallAudit(size, random.Random(seed), threads or ThreadStartLog(), timer or CpuTimer())
 
 
 def _run(audit: TimedCallAudit, outputs: list) -> None:
@@ -24,7 +34,7 @@ def _buffer_addresses(audit: TimedCallAudit) -> set[int]:
 def test_every_call_is_audited_with_the_same_probability() -> None:
     counts = [0] * 10
     for seed in range(3000):
-        audit = TimedCallAudit(3, random.Random(seed))
+        audit = _audit(3, seed)
         _run(audit, [torch.full((2,), float(i)) for i in range(10)])
         for call, _ in audit.kept:
             counts[call - 1] += 1
@@ -32,7 +42,7 @@ def test_every_call_is_audited_with_the_same_probability() -> None:
 
 
 def test_audited_outputs_are_copies_taken_when_the_call_returned() -> None:
-    audit = TimedCallAudit(2, random.Random(1))
+    audit = _audit(2, 1)
     outputs = [torch.full((4,), float(i)) for i in range(6)]
     _run(audit, outputs)
     for out in outputs:
@@ -44,7 +54,7 @@ def test_audited_outputs_are_copies_taken_when_the_call_returned() -> None:
 
 
 def test_buffers_are_allocated_once_and_reused_by_every_call() -> None:
-    audit = TimedCallAudit(3, random.Random(2))
+    audit = _audit(3, 2)
     _run(audit, [(torch.randn(8), torch.randn(2, 3))])
     first = _buffer_addresses(audit)
     assert len(first) == 2 * 4  # size + 1 buffers, two tensors each
@@ -53,7 +63,7 @@ def test_buffers_are_allocated_once_and_reused_by_every_call() -> None:
 
 
 def test_outputs_that_change_shape_are_still_captured() -> None:
-    audit = TimedCallAudit(1, random.Random(0))
+    audit = _audit(1, 0)
     _run(audit, [torch.ones(3)] + [torch.ones(5)] * 20)
     (call, kept), = audit.kept
     assert kept.shape == ((3,) if call == 1 else (5,))
@@ -67,3 +77,45 @@ def test_copy_tree_into_refuses_trees_that_differ() -> None:
     assert not copy_tree_into(dst, {"a": torch.ones(3), "b": [torch.ones(3), 4]})  # shape
     assert not copy_tree_into(dst, {"a": torch.ones(2, dtype=torch.float64), "b": [torch.ones(3), 4]})  # dtype
     assert not copy_tree_into(dst, {"a": torch.ones(2)})  # structure
+
+
+@pytest.fixture
+def threads(monkeypatch) -> ThreadStartLog:
+    """A log wrapping this interpreter's thread starts, as the candidate worker installs it (undone after the test)."""
+    log = ThreadStartLog()
+    for module, name in START_FUNCTIONS:
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, log.stamping(getattr(module, name)))
+    return log
+
+
+def test_a_thread_running_when_the_timer_stopped_is_caught_even_if_it_ended_before_the_audit(threads) -> None:
+    timer = CpuTimer()
+    audit = _audit(2, 0, threads, timer)
+    out = torch.randn(4)
+    pending = threading.Thread(target=lambda: (time.sleep(0.02), out.relu_()))
+
+    def forward() -> torch.Tensor:  # hands the work to a thread and returns at once
+        pending.start()
+        return out
+
+    _, outputs = timer.time_calls(forward, [()])
+    pending.join()  # the thread has finished: a count of live threads would now see nothing
+    audit(1, outputs[0])
+    assert [v["code"] for v in audit.violations] == ["thread-left-running"]
+
+
+def test_threads_joined_inside_the_timed_batch_are_not_a_violation(threads) -> None:
+    timer = CpuTimer()
+    audit = _audit(2, 0, threads, timer)
+
+    def forward() -> torch.Tensor:
+        helper = threading.Thread(target=time.sleep, args=(0.005,))
+        helper.start()
+        helper.join()
+        return torch.ones(2)
+
+    _, outputs = timer.time_calls(forward, [(), ()])
+    for call, out in enumerate(outputs, 1):
+        audit(call, out)
+    assert audit.violations == []

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,8 @@ from cuda_agent.environment.loading import (
 )
 from cuda_agent.environment.solution import EXTENSION_NAME
 from cuda_agent.environment.timed_cpus import pinned_to
-from cuda_agent.environment.timing import FreshInputs, make_timer, measure
+from cuda_agent.environment.thread_starts import ThreadStartLog
+from cuda_agent.environment.timing import FreshInputs, Timer, make_timer, measure
 from cuda_agent.environment.worker import cap_address_space, serve, warm_device
 
 DEFERRED_WORK_WAIT_S = 0.05
@@ -50,8 +50,11 @@ class CandidateWorker:
         self.model: torch.nn.Module | None = None
         self.device = "cpu"
         # Bound before any candidate code is imported: rebinding module attributes later cannot
-        # switch the checks off, and swapping code objects is detected by the snapshot.
+        # switch the checks off, and swapping code objects is detected by the snapshot (taken
+        # after the thread-start stamping is installed, so undoing that is seen too).
         self._check = runtime_violations
+        self._threads = ThreadStartLog()
+        self._threads.install()
         self._snapshot = HarnessSnapshot(globals())
         self._extension = ExtensionCallCounter()
         self._extension.install()
@@ -109,12 +112,13 @@ class CandidateWorker:
         assert self.model is not None
         pristine = tensor_io.load(Path(msg["inputs_path"]), self.device)
         inputs = clone_tree(pristine)
-        calls_before, threads_before = self._extension.calls, threading.active_count()
+        calls_before, called_ns = self._extension.calls, time.perf_counter_ns()
         with torch.no_grad(), recorded_aten_ops() as ops:
             outputs = self.model(*inputs)
             self._sync()
+        returned_ns = time.perf_counter_ns()
         violations = self._check(outputs, inputs, pristine, self.device) + self._tampering()
-        if threading.active_count() > threads_before:
+        if self._threads.outlived(called_ns, returned_ns):
             violations.append({"code": "thread-left-running",
                                "message": "forward() left Python threads running after it returned"})
         if msg["require_extension_call"]:
@@ -180,7 +184,7 @@ class CandidateWorker:
         inputs = tensor_io.load(Path(msg["inputs_path"]), self.device)
         timer = make_timer(self.device, config, host_clock=msg.get("host_clock", False))
         calls = FreshInputs(inputs, config.input_noise, msg["noise_seed"])
-        audit = TimedCallAudit(msg["audits"], random.Random(msg["audit_seed"]))
+        audit = TimedCallAudit(msg["audits"], random.Random(msg["audit_seed"]), self._threads, timer)
         reuse = OutputReuse()
 
         def after_call(call: int, outputs: Any) -> None:
@@ -226,19 +230,23 @@ class TimedCallAudit:
     the calls after an audit, so the audit saw honest outputs while the others were stale.)
     """
 
-    def __init__(self, size: int, rng: random.Random) -> None:
+    def __init__(self, size: int, rng: random.Random, threads: ThreadStartLog, timer: Timer) -> None:
         self.size, self.rng = size, rng
         self.seen = 0
         self.kept: list[tuple[int, Any]] = []
         self.violations: list[dict[str, str]] = []
         self._spares: list[Any] | None = None
-        self._threads = threading.active_count()
+        self._threads, self._timer = threads, timer
+        self._since_ns = time.perf_counter_ns()
+        """Threads started from here on are checked against the next batch's stop."""
 
     def __call__(self, call: int, outputs: Any) -> None:
         self.seen += 1
-        if threading.active_count() > self._threads and not self.violations:
-            self.violations.append({"code": "thread-left-running",
-                                    "message": "a timed forward() left Python threads running after it returned"})
+        if self._timer.stopped_ns > self._since_ns:  # the first call of a newly timed batch
+            if self._threads.outlived(self._since_ns, self._timer.stopped_ns) and not self.violations:
+                self.violations.append({"code": "thread-left-running",
+                                        "message": "a timed forward() left a Python thread running when the timer stopped"})
+            self._since_ns = self._timer.stopped_ns
         if self._spares is None:
             self._spares = [clone_tree(outputs) for _ in range(self.size + 1)]
         spare = self._spares.pop()

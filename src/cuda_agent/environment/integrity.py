@@ -16,6 +16,8 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from cuda_agent.environment.thread_starts import START_FUNCTIONS
+
 _WATCHED = (
     ("time", "perf_counter"), ("time", "perf_counter_ns"), ("time", "monotonic"), ("time", "sleep"),
     ("torch", "equal"), ("torch", "isnan"), ("torch.cuda", "synchronize"), ("torch.cuda", "Event"),
@@ -24,6 +26,7 @@ _WATCHED = (
     ("cuda_agent.environment.timing", "measure"), ("cuda_agent.environment.timing", "summarize"),
     ("cuda_agent.environment.timing", "CudaTimer"), ("cuda_agent.environment.timing", "CpuTimer"),
     ("cuda_agent.environment.candidate_worker", "runtime_violations"),
+    ("cuda_agent.environment.thread_starts", "ThreadStartLog"),
     ("cuda_agent.environment.worker", "serve"), ("cuda_agent.environment.worker", "_write_all"),
     ("builtins", "open"), ("builtins", "isinstance"), ("builtins", "type"), ("builtins", "len"),
     ("json", "dumps"), ("os", "write"),
@@ -59,6 +62,9 @@ class HarnessSnapshot:
         for cls_name, attrs in _WATCHED_METHODS:
             for attr in attrs:
                 self._watch(f"torch.{cls_name}.{attr}", getattr(torch, cls_name), attr)
+        for module, attr in START_FUNCTIONS:  # the stamping wrappers, when installed first
+            if hasattr(module, attr):
+                self._watch(f"{module.__name__}.{attr}", module, attr)
         self._namespace = namespace
         self._bindings = {k: v for k, v in namespace.items()
                           if (callable(v) or isinstance(v, ModuleType)) and not k.startswith("__")}

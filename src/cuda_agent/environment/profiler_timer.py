@@ -8,6 +8,7 @@ default event timer's wall time on the device.
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -25,6 +26,7 @@ class ProfilerTimer(Timer):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
             outputs = [fn(*args) for args in arg_sets]
             torch.cuda.synchronize()
+            self.stopped_ns = time.perf_counter_ns()
         busy_us = sum(event.device_time for event in profile.events()
                       if event.device_type == torch.autograd.DeviceType.CUDA)
         return busy_us / _US_PER_MS, outputs
