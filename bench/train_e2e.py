@@ -167,13 +167,18 @@ def single_block_variant(source: str, path: Path) -> str:
     return slow
 
 
-def replay_turn(task_id: str, device: str, sample: int) -> dict[str, Any]:
-    """The recorded reply: write the bundled honest solution (even ``sample``) or its single-block
-    variant (odd) as ``model_new.py``, and finish."""
+def recorded_source(task_id: str, device: str, sample: int) -> str:
+    """What the recorded reply writes: the bundled honest solution (even ``sample``) or its
+    single-block variant (odd)."""
     path = solution_of(task_id, device)
-    fast = sample % 2 == 0
-    source = path.read_text() if fast else single_block_variant(path.read_text(), path)
-    return {"content": FAST_OPENING if fast else SLOW_OPENING,
+    return path.read_text() if sample % 2 == 0 else single_block_variant(path.read_text(), path)
+
+
+def replay_turn(task_id: str, device: str, sample: int) -> dict[str, Any]:
+    """The recorded reply: an opening line telling the two solutions apart, ``write_file`` of
+    :func:`recorded_source` as ``model_new.py``, and ``finish``."""
+    source = recorded_source(task_id, device, sample)
+    return {"content": FAST_OPENING if sample % 2 == 0 else SLOW_OPENING,
             "tool_calls": [{"function": {"name": "write_file", "arguments": {"path": "model_new.py", "content": source}}},
                            {"function": {"name": "finish", "arguments": {"summary": "a custom kernel"}}}]}
 
@@ -223,8 +228,9 @@ def prepare(out: Path, plan: Plan, device: str, cache_dir: Path | None, smoke: b
         state["tasks"] = write_tasks(out, plan, device)
         sources = [(out / "tasks" / name / f"{t}.py").read_text() for name in ("train", "heldout")
                    for t in state["tasks"][name]]
-        replies = [replay_turn(t, device, sample) for t in plan.tasks for sample in range(min(2, plan.episodes_per_task))]
-        solutions = [reply["tool_calls"][0]["function"]["arguments"]["content"] for reply in replies]
+        recorded = [(t, sample) for t in plan.tasks for sample in range(min(2, plan.episodes_per_task))]
+        replies = [replay_turn(t, device, sample) for t, sample in recorded]
+        solutions = [recorded_source(t, device, sample) for t, sample in recorded]
         turns = [json.dumps(reply) for reply in replies]
         init_random_model(out / "model", plan.model_size, default_corpus(sources + solutions * 4 + turns), seed=0,
                           max_positions=32768)
@@ -296,8 +302,8 @@ def record_replays(out: Path, plan: Plan, device: str, deadline: float) -> bool:
     environment = make_environment(config, config.ppo.rollout.evaluation_slots)
     jobs = [(task, sample) for task in environment.tasks for sample in range(plan.episodes_per_task)
             if f"replay-{task.id}-s{sample}" not in done]
-    prebuild(out / "prebuild", [replay_turn(task.id, device, sample)["tool_calls"][0]["function"]["arguments"]["content"]
-                                for task, sample in jobs], evaluation_settings(config)[0])
+    prebuild(out / "prebuild", [recorded_source(task.id, device, sample) for task, sample in jobs],
+             evaluation_settings(config)[0])
 
     async def main() -> None:
         await environment.start()

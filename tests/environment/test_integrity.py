@@ -27,13 +27,9 @@ def test_patching_what_the_runtime_checks_rely_on_is_seen(monkeypatch, owner, at
     assert snapshot.changed() == [f"torch.{owner.__name__}.{attr}"]
 
 
-def test_undoing_the_thread_start_stamping_is_seen(monkeypatch) -> None:
-    log = ThreadStartLog()
-    stamped = [(module, attr) for module, attr in START_FUNCTIONS if hasattr(module, attr)]
-    for module, attr in stamped:  # as the candidate worker installs it, before its snapshot
-        monkeypatch.setattr(module, attr, log.stamping(getattr(module, attr)))
-    snapshot = HarnessSnapshot({})
-    module, attr = stamped[0]
+def test_undoing_the_thread_start_stamping_is_seen(monkeypatch, stamped_threads) -> None:
+    snapshot = HarnessSnapshot({})  # taken after the stamping is installed, as in the candidate worker
+    module, attr = next((module, attr) for module, attr in START_FUNCTIONS if hasattr(module, attr))
     monkeypatch.setattr(module, attr, lambda *args, **kwargs: None)  # a candidate restoring an unstamped start
     assert snapshot.changed() == [f"{module.__name__}.{attr}"]
     monkeypatch.setattr(ThreadStartLog, "outlived", lambda self, since, returned: False)

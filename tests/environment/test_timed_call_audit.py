@@ -8,12 +8,11 @@ import random
 import threading
 import time
 
-import pytest
 import torch
 
 from cuda_agent.environment.candidate_worker import TimedCallAudit
 from cuda_agent.environment.loading import copy_tree_into
-from cuda_agent.environment.thread_starts import START_FUNCTIONS, ThreadStartLog
+from cuda_agent.environment.thread_starts import ThreadStartLog
 from cuda_agent.environment.timing import CpuTimer
 
 
@@ -79,19 +78,9 @@ def test_copy_tree_into_refuses_trees_that_differ() -> None:
     assert not copy_tree_into(dst, {"a": torch.ones(2)})  # structure
 
 
-@pytest.fixture
-def threads(monkeypatch) -> ThreadStartLog:
-    """A log wrapping this interpreter's thread starts, as the candidate worker installs it (undone after the test)."""
-    log = ThreadStartLog()
-    for module, name in START_FUNCTIONS:
-        if hasattr(module, name):
-            monkeypatch.setattr(module, name, log.stamping(getattr(module, name)))
-    return log
-
-
-def test_a_thread_running_when_the_timer_stopped_is_caught_even_if_it_ended_before_the_audit(threads) -> None:
+def test_a_thread_running_when_the_timer_stopped_is_caught_even_if_it_ended_before_the_audit(stamped_threads) -> None:
     timer = CpuTimer()
-    audit = _audit(2, 0, threads, timer)
+    audit = _audit(2, 0, stamped_threads, timer)
     out = torch.randn(4)
     pending = threading.Thread(target=lambda: (time.sleep(0.02), out.relu_()))
 
@@ -105,9 +94,9 @@ def test_a_thread_running_when_the_timer_stopped_is_caught_even_if_it_ended_befo
     assert [v["code"] for v in audit.violations] == ["thread-left-running"]
 
 
-def test_threads_joined_inside_the_timed_batch_are_not_a_violation(threads) -> None:
+def test_threads_joined_inside_the_timed_batch_are_not_a_violation(stamped_threads) -> None:
     timer = CpuTimer()
-    audit = _audit(2, 0, threads, timer)
+    audit = _audit(2, 0, stamped_threads, timer)
 
     def forward() -> torch.Tensor:
         helper = threading.Thread(target=time.sleep, args=(0.005,))

@@ -63,6 +63,7 @@ def test_each_trained_task_has_a_single_block_variant_opened_its_own_way():
     for task in bench.GPU_TASKS:
         fast, slow = (bench.replay_turn(task, "cuda", sample) for sample in (0, 1))
         fast_source, slow_source = (turn["tool_calls"][0]["function"]["arguments"]["content"] for turn in (fast, slow))
+        assert [fast_source, slow_source] == [bench.recorded_source(task, "cuda", sample) for sample in (0, 1)]
         assert fast["content"] == bench.FAST_OPENING and slow["content"] == bench.SLOW_OPENING
         assert fast["content"].split()[0] != slow["content"].split()[0]  # told apart at the first word
         assert "const int blocks = 1;" in slow_source and "const int blocks = 1;" not in fast_source, task
