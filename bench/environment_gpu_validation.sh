@@ -10,6 +10,12 @@
 #   bash bench/environment_gpu_validation.sh perf         # build contracts, latency, throughput (~8 min)
 #   bash bench/environment_gpu_validation.sh timing       # timing repeatability, with and without a CPU set apart (~7 min)
 #   bash bench/environment_gpu_validation.sh precision    # precision calibration, CUDA differential corpus (~5 min)
+#   bash bench/environment_gpu_validation.sh real-sizes   # device sharing tests, verdicts 0.25-17 GB, KernelBench's harness (~9 min)
+#   bash bench/environment_gpu_validation.sh selfcheck    # tasks check over KernelBench levels 1-3, resumable (9 min a call)
+#
+# real-sizes and selfcheck need a KernelBench checkout in KB (default: ./.kb, the layout of
+# `git archive` of KernelBench's KernelBench/ and src/ folders) and, where pydantic and
+# python-dotenv are missing, their wheels in ./.whl (KernelBench's harness imports them).
 #
 # The steps share one cache (CUDA_AGENT_TEST_CACHE_DIR, C) while the machine stays up; a cold
 # cache first builds the precompiled header, torch's flags and the launcher shim (a minute or more).
@@ -22,7 +28,9 @@ export CUDA_AGENT_TEST_CACHE_DIR=$C
 OUT=${OUT:-$PWD/gpu-validation-out}
 export CUDA_AGENT_TEST_FAILURE_LOG=$OUT/failures.txt
 mkdir -p "$C" "$OUT"
-step=${1:?usage: environment_gpu_validation.sh safety-cpu|safety-cuda|builds|perf|timing|precision}
+step=${1:?usage: environment_gpu_validation.sh safety-cpu|safety-cuda|builds|perf|timing|precision|real-sizes|selfcheck}
+KB=${KB:-$PWD/.kb}
+WORK=${WORK:-/tmp/cuda-agent-real-sizes}
 
 run() {  # run NAME LIMIT_S COMMAND...: log to $OUT/NAME.log, keep the last lines on stdout
     local name=$1 limit=$2
@@ -79,8 +87,21 @@ precision)
         tests/gpu/test_build_differential_cuda.py &
     wait
     ;;
+real-sizes)
+    if ls .whl/*.whl >/dev/null 2>&1; then  # KernelBench's own imports, where the image lacks them
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+            && export PYTHONPATH=$PYTHONPATH:/tmp/site
+    fi
+    run device_sharing 150 python -m pytest -v -m gpu --timeout 140 -p no:cacheprovider tests/gpu/test_device_sharing.py
+    run real_sizes 420 python bench/real_sizes.py --parts sizes kernelbench --kernelbench "$KB" --work "$WORK" \
+        --cache-dir "$C" --time-budget-s 400 --out "$OUT/real_sizes.json"
+    ;;
+selfcheck)
+    run selfcheck 560 python bench/real_sizes.py --parts selfcheck --levels ${LEVELS:-1 2 3} --kernelbench "$KB" \
+        --work "$WORK" --cache-dir "$C" --time-budget-s 540 --out "$OUT/real_sizes_selfcheck.json"
+    ;;
 *)
-    echo "unknown step $step (safety-cpu, safety-cuda, builds, perf, timing or precision)" >&2
+    echo "unknown step $step (safety-cpu, safety-cuda, builds, perf, timing, precision, real-sizes or selfcheck)" >&2
     exit 2
     ;;
 esac

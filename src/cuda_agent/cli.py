@@ -23,7 +23,7 @@ from cuda_agent.environment import (
     POLICIES, EvalConfig, Task, TaskLoadError, Verdict, evaluate, load_solution, load_task, load_tasks,
 )
 from cuda_agent.environment.build import build_many
-from cuda_agent.evaluate.cli import eval_command, report_command
+from cuda_agent.evaluate.cli import eval_command, report_command, tasks_check_command
 from cuda_agent.serve.cli import serve_command
 from cuda_agent.synth.cli import synth_app
 from cuda_agent.train.cli import train_app
@@ -34,6 +34,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Agentic RL for CUDA kernels: evaluate candidates with a hack-resistant reward.")
 tasks_app = typer.Typer(no_args_is_help=True, help="Inspect task sets (KernelBench folders, datasets).")
 app.add_typer(tasks_app, name="tasks")
+tasks_app.command("check")(tasks_check_command)
 app.add_typer(synth_app, name="synth")
 app.add_typer(agent_app, name="agent")
 app.add_typer(traj_app, name="traj")

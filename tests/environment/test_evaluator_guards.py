@@ -63,7 +63,7 @@ def test_guards_hold_when_the_candidate_patches_the_worker(run_evaluation, runti
 # -- reward hacks on the trusted side ----------------------------------------------------------
 
 def test_forged_output_file_is_the_candidates_failure_not_a_task_error(run_evaluation, runtime_only_config) -> None:
-    """A candidate that swaps the harness's output writer must fail as a candidate, never be
+    """A candidate that swaps the harness's output sharing must fail as a candidate, never be
     reported as TASK_ERROR ("the reference itself failed: not the candidate's fault"). The swap
     itself is detected by the harness-integrity snapshot before the forged file is judged."""
     verdict = run_evaluation(SMALL_RELU_TASK, SOLUTIONS / "forged_output_file.py", runtime_only_config)
@@ -71,7 +71,7 @@ def test_forged_output_file_is_the_candidates_failure_not_a_task_error(run_evalu
     assert verdict.status is not Status.TASK_ERROR, verdict.error
     assert verdict.status is Status.GUARD_VIOLATION
     assert "harness-tampered" in violation_codes(verdict)
-    assert "tensor_io.save" in verdict.error
+    assert "shared_tensors.share" in verdict.error
 
 
 def test_timing_is_not_fooled_by_caching_on_input_identity(run_evaluation, plain_torch_config) -> None:

@@ -1,23 +1,35 @@
 """The audit of timed calls (candidate_worker.TimedCallAudit): a uniform sample, captured into
-buffers that every timed call uses alike, so the allocator does not reveal which calls were audited;
-and a thread a timed call left running when its batch's timer stopped, however soon it ended."""
+shared buffers that every timed call uses alike, so the allocator does not reveal which calls were
+audited; and a thread a timed call left running when its batch's timer stopped, however soon it
+ended."""
 
 from __future__ import annotations
 
 import random
 import threading
 import time
+from pathlib import Path
 
+import pytest
 import torch
 
-from cuda_agent.environment.candidate_worker import TimedCallAudit
-from cuda_agent.environment.loading import copy_tree_into
+from cuda_agent.environment.candidate_worker import SpareShares, TimedCallAudit
+from cuda_agent.environment.shared_tensors import open_share
 from cuda_agent.environment.thread_starts import ThreadStartLog
 from cuda_agent.environment.timing import CpuTimer
 
 
-def _audit(size: int, seed: int, threads: ThreadStartLog | None = None, timer: CpuTimer | None = None) -> TimedCallAudit:
-    return TimedCallAudit(size, random.Random(seed), threads or ThreadStartLog(), timer or CpuTimer())
+@pytest.fixture()
+def audit_folder(tmp_path: Path) -> Path:
+    return tmp_path
+
+
+def _audit(size: int, seed: int, threads: ThreadStartLog | None = None, timer: CpuTimer | None = None,
+           folder: Path | None = None) -> TimedCallAudit:
+    import tempfile
+
+    spares = SpareShares("cpu", folder or Path(tempfile.mkdtemp()), "events")
+    return TimedCallAudit(size, random.Random(seed), threads or ThreadStartLog(), timer or CpuTimer(), spares)
 
 
 def _run(audit: TimedCallAudit, outputs: list) -> None:
@@ -25,57 +37,50 @@ def _run(audit: TimedCallAudit, outputs: list) -> None:
         audit(audit.seen + 1, out)
 
 
-def _buffer_addresses(audit: TimedCallAudit) -> set[int]:
-    trees = [tree for _, tree in audit.kept] + (audit._spares or [])
-    return {t.data_ptr() for tree in trees for t in (tree if isinstance(tree, tuple) else (tree,))}
+def _buffers(audit: TimedCallAudit) -> set[int]:
+    return {id(share) for _, share in audit.kept} | {id(share) for share in audit._spares or []}
 
 
-def test_every_call_is_audited_with_the_same_probability() -> None:
+def test_every_call_is_audited_with_the_same_probability(audit_folder: Path) -> None:
     counts = [0] * 10
-    for seed in range(3000):
-        audit = _audit(3, seed)
+    for seed in range(600):
+        audit = _audit(3, seed, folder=audit_folder)
         _run(audit, [torch.full((2,), float(i)) for i in range(10)])
-        for call, _ in audit.kept:
+        for call, _ in audit.finish():
             counts[call - 1] += 1
-    assert all(abs(c / 3000 - 0.3) < 0.04 for c in counts), counts  # 3 of 10, first calls not favoured
+        for _, kept in audit.kept:
+            kept.release()
+    assert all(abs(c / 600 - 0.3) < 0.08 for c in counts), counts  # 3 of 10, first calls not favoured
 
 
-def test_audited_outputs_are_copies_taken_when_the_call_returned() -> None:
-    audit = _audit(2, 1)
+def test_audited_outputs_are_copies_taken_when_the_call_returned(audit_folder: Path) -> None:
+    audit = _audit(2, 1, folder=audit_folder)
     outputs = [torch.full((4,), float(i)) for i in range(6)]
     _run(audit, outputs)
     for out in outputs:
         out.fill_(-1.0)  # a candidate rewriting its outputs later does not change what was captured
-    assert len(audit.kept) == 2
-    for call, kept in audit.kept:
-        assert torch.equal(kept, torch.full((4,), float(call - 1)))
-        assert all(kept.data_ptr() != out.data_ptr() for out in outputs)
+    kept = audit.finish()
+    assert len(kept) == 2
+    for call, share in kept:
+        assert torch.equal(open_share(share.header, "cpu", audit_folder).tree, torch.full((4,), float(call - 1)))
 
 
-def test_buffers_are_allocated_once_and_reused_by_every_call() -> None:
-    audit = _audit(3, 2)
+def test_buffers_are_allocated_once_and_reused_by_every_call(audit_folder: Path) -> None:
+    audit = _audit(3, 2, folder=audit_folder)
     _run(audit, [(torch.randn(8), torch.randn(2, 3))])
-    first = _buffer_addresses(audit)
-    assert len(first) == 2 * 4  # size + 1 buffers, two tensors each
+    first = _buffers(audit)
+    assert len(first) == 4  # size + 1 buffers
     _run(audit, [(torch.randn(8), torch.randn(2, 3)) for _ in range(50)])
-    assert _buffer_addresses(audit) == first
+    assert _buffers(audit) == first
+    assert len(list(audit_folder.iterdir())) == 4
 
 
-def test_outputs_that_change_shape_are_still_captured() -> None:
-    audit = _audit(1, 0)
+def test_outputs_that_change_shape_are_still_captured(audit_folder: Path) -> None:
+    audit = _audit(1, 0, folder=audit_folder)
     _run(audit, [torch.ones(3)] + [torch.ones(5)] * 20)
-    (call, kept), = audit.kept
-    assert kept.shape == ((3,) if call == 1 else (5,))
-
-
-def test_copy_tree_into_refuses_trees_that_differ() -> None:
-    dst = {"a": torch.zeros(2), "b": [torch.zeros(3), 4]}
-    assert copy_tree_into(dst, {"a": torch.ones(2), "b": [torch.ones(3), 4]})
-    assert torch.equal(dst["b"][0], torch.ones(3))
-    assert not copy_tree_into(dst, {"a": torch.ones(2), "b": [torch.ones(3), 5]})  # non-tensor leaf
-    assert not copy_tree_into(dst, {"a": torch.ones(3), "b": [torch.ones(3), 4]})  # shape
-    assert not copy_tree_into(dst, {"a": torch.ones(2, dtype=torch.float64), "b": [torch.ones(3), 4]})  # dtype
-    assert not copy_tree_into(dst, {"a": torch.ones(2)})  # structure
+    (call, kept), = audit.finish()
+    assert open_share(kept.header, "cpu", audit_folder).tree.shape == ((3,) if call == 1 else (5,))
+    assert len(list(audit_folder.iterdir())) == 1  # the buffers not kept are gone
 
 
 def test_a_thread_running_when_the_timer_stopped_is_caught_even_if_it_ended_before_the_audit(stamped_threads) -> None:

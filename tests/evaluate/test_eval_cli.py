@@ -167,3 +167,27 @@ def test_a_policy_is_evaluated_on_the_solution_its_agent_wrote(cli, cli_env, fas
         assert (solution / path).read_text() == content, path
     again = subprocess.run(args, env=cli_env, capture_output=True, text=True, timeout=900)
     assert again.returncode == 0 and "0 of 1 tasks to solve" in again.stderr  # resumed: no second episode
+
+
+def test_tasks_check_judges_each_reference_as_its_own_candidate_and_resumes(cli, cli_env, fast_config_file,
+                                                                             tmp_path: Path) -> None:
+    """The self-check on the CPU backend: the reference, handed over as ``ModelNew``, comes out
+    correct with the guards off; the row carries its sizes, memory and baselines; a rerun finds it
+    done."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    shutil.copy(SMALL_RELU_TASK, tasks)
+    config = tmp_path / "check.yaml"
+    config.write_text(fast_config_file.read_text() + "  compile_baseline: false\n")
+    command = [*cli, "tasks", "check", str(tasks), "--device", "cpu", "--config", str(config),
+               "--out", str(tmp_path / "check"), "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, env=cli_env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    [row] = report["problems"]
+    assert row["status"] == "correct" and report["counts"] == {"correct": 1} and report["run"]["selfcheck"]
+    assert row["input_gb"] == 64 * 256 * 4 / 1e9 and row["output_gb"] == row["input_gb"]
+    assert row["baseline_ms"]["eager_tf32_off"] > 0 and row["memory_mb"]["reference"]["peak_host_mb"] > 0
+    assert "verify" in row["phase_seconds"]
+    again = subprocess.run(command, capture_output=True, text=True, env=cli_env, timeout=600)
+    assert again.returncode == 0 and "1 already done" in again.stderr, again.stderr[-2000:]

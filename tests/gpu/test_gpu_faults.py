@@ -84,10 +84,11 @@ def assert_honest_gpu_evaluation_succeeds(run_evaluation, gpu_fault_solution, ma
     # No address-space limit on CUDA (it would break the driver's mappings): the resident-memory
     # watchdog must catch the host allocation.
     pytest.param("host_oom", {"mem_mb": 4096}, {Status.OUT_OF_MEMORY}, "over its 4096 MB limit", id="host-oom"),
-    # Materialising it takes 10 GiB of host memory (the watchdog) and a 10 GiB file (the file size
-    # limit): whichever stops it first, the scratch folder must stay small.
-    pytest.param("huge_output", {"mem_mb": 4096, "max_file_mb": 64}, {Status.OUT_OF_MEMORY, Status.RUNTIME_ERROR}, "",
-                 id="10GiB-stride-0-output"),
+    # Outputs are shared with the reference on the device: the view is made contiguous there
+    # (10 GiB of device memory, no file, no host copy) and judged for its shape (incorrect); the
+    # scratch folder must stay small and the GPU usable.
+    pytest.param("huge_output", {"mem_mb": 4096, "max_file_mb": 64},
+                 {Status.INCORRECT, Status.OUT_OF_MEMORY, Status.RUNTIME_ERROR}, "", id="10GiB-stride-0-output"),
 ])
 def test_gpu_fault_yields_its_verdict_and_the_gpu_stays_usable(run_fault, gpu_fault_solution, make_cuda_config,
                                                                scratch_dir: Path, assert_honest_gpu_evaluation_succeeds,

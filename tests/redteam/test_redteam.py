@@ -124,13 +124,11 @@ ROWS = [
     Row("checker_patch_storage_and_eq", "relu", "checker monkeypatching", ("monkeypatch",),
         Caught(GV, ("harness-tampered",))),
     Row("checker_torch_function_mode", "relu", "lazy tensors / tensor subclasses (torch function mode)",
-        ("tensor-subclass",),
-        Missed("a TorchFunctionMode left on the mode stack intercepts the torch calls the in-process runtime "
-               "checks make (==, untyped_storage); " + IN_PROCESS_CHECKS)),
+        ("tensor-subclass",), Caught(GV, ("input-mutated",))),
     Row("gc_scrape_disable_checks", "relu", "gc scraping", ("introspection",),
         Missed("gc.get_objects() reaches the CandidateWorker and its snapshot; " + IN_PROCESS_CHECKS)),
     # -- forged result channels -------------------------------------------------------------------
-    Row("forged_outputs_via_worker_tensor_io", "relu", "forged result channel (outputs file)", ("introspection",),
+    Row("forged_outputs_via_worker_shared_tensors", "relu", "forged result channel (shared outputs)", ("introspection",),
         Caught(GV, ("harness-tampered",))),
     Row("forged_reply_pipe_python", "relu", "forged result channel (reply pipe)", ("file-or-network",),
         Caught(GV, ("result-channel-forged",))),

@@ -1,8 +1,8 @@
 """Comparing a candidate's outputs with the reference's: the numeric side of the precision policies.
 
 Runs only in the trusted reference worker (and the calibration bench), on whatever device the
-references live on: whole-output reductions on the GPU, no copies to the host beyond a few scalars
-per output. :mod:`precision` holds the policies themselves (names, rules, tolerances); it needs no
+references live on: reductions over bounded chunks of each output (a 6 GB output is checked with a
+few hundred MB of float64 temporaries), no copies to the host beyond a few scalars per output. :mod:`precision` holds the policies themselves (names, rules, tolerances); it needs no
 torch, so the trusted parent that picks a policy never imports it.
 """
 
@@ -49,8 +49,27 @@ def compare(policy: "PrecisionPolicy", candidate: Any, refs: References) -> Comp
     """Check structure (same nesting, shapes, dtypes) and the non-finite pattern (NaN where the fp32
     reference has NaN, ±Inf with the same sign), then ``policy``'s numeric rule on every
     floating-point output; the first failing output decides."""
+    with _one_host_thread():
+        return _compare(policy, candidate, refs)
+
+
+@contextlib.contextmanager
+def _one_host_thread() -> Iterator[None]:
+    """Host-side checks stream a chunk through a dozen cheap passes: with several intra-op threads
+    each pass is a parallel region of a millisecond, and on a busy machine (the candidate's worker,
+    builds) every region waits for a descheduled thread. Measured on a 2-core host under load, a
+    1 GiB check took 63 s with two threads and 7 s with one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _compare(policy: "PrecisionPolicy", candidate: Any, refs: References) -> Comparison:
     if policy.rule == "faithful" and refs.fp64 is None:  # the reference cannot run in float64
-        result = compare(policy.fallback, candidate, refs)
+        result = _compare(policy.fallback, candidate, refs)
         return Comparison(result.passed, result.message, result.max_abs_err, None, policy.fallback.name)
     leaves = _paired_leaves(candidate, refs.fp32)
     if isinstance(leaves, str):
@@ -68,8 +87,8 @@ def compare(policy: "PrecisionPolicy", candidate: Any, refs: References) -> Comp
         if problem:
             return Comparison(False, problem, worst_err)
         if not (ref.is_floating_point() or ref.is_complex()):
-            if not torch.equal(cand, ref):
-                mismatches = int((cand != ref).sum())
+            mismatches = sum(int((c != r).sum()) for c, r in _chunks(cand, ref))
+            if mismatches:
                 return Comparison(False, f"output{path}: {mismatches} of {ref.numel()} integer/bool elements differ", worst_err)
             continue
         problem = _nonfinite_problem(path, cand, ref)
@@ -86,23 +105,57 @@ def compare(policy: "PrecisionPolicy", candidate: Any, refs: References) -> Comp
     return Comparison(True, summary, worst_err, worst_ratio)
 
 
+CHUNK_ELEMENTS = {"cuda": 1 << 24, "cpu": 1 << 20}
+"""Elements compared at once: the float64 temporaries of a check stay a few hundred MB on a GPU
+(and a few MB of host memory, which stay in cache) however large the output is."""
+
+
+def _chunks(*tensors: torch.Tensor) -> Iterator[tuple[torch.Tensor, ...]]:
+    """Matching slices of the flattened ``tensors`` (same numel), a bounded number of elements at a time."""
+    flat = [t.reshape(-1) for t in tensors]
+    step = CHUNK_ELEMENTS["cuda" if flat[0].is_cuda else "cpu"]
+    for start in range(0, flat[0].numel(), step):
+        yield tuple(t[start:start + step] for t in flat)
+
+
+def _abs_diff(a: torch.Tensor, b: torch.Tensor, unusable: torch.Tensor | None) -> torch.Tensor:
+    """``|a - b|`` in float64 (``b`` is float64 or promotes ``a`` to it), 0 where ``unusable``
+    (None: every place is usable)."""
+    diff = torch.sub(a, b)
+    if diff.dtype != torch.float64 and not diff.is_complex():
+        diff = diff.double()
+    diff = diff.abs() if diff.is_complex() else diff.abs_()
+    return diff.masked_fill_(unusable, 0.0) if unusable is not None else diff
+
+
 def _allclose_leaf(policy: "AllclosePolicy", path: str, cand: torch.Tensor, ref32: torch.Tensor,
                    ref64: torch.Tensor | None, ref_tf32: torch.Tensor | None) -> _LeafResult:
     """``|cand - ref| <= atol + rtol * |ref|`` elementwise against the fp32 reference, atol capped
     at ``policy.tiny_output_atol_share`` of the output's largest magnitude."""
     tol = policy.tolerance(str(ref32.dtype).removeprefix("torch."))
-    finite = torch.isfinite(ref32)
-    count = int(finite.sum())
+    # [finite elements, largest finite magnitude]; then [elements outside the tolerance, max error]
+    found = torch.zeros(2, dtype=torch.float64, device=ref32.device)
+    for (r,) in _chunks(ref32):
+        finite = torch.isfinite(r)
+        magnitude = _abs_diff(r, torch.zeros((), dtype=torch.float64, device=r.device), ~finite)
+        found[0] += finite.sum()
+        found[1] = torch.maximum(found[1], magnitude.max())
+    count, largest = found.tolist()
     if count == 0:
         return _LeafResult(True, "no finite elements", 0.0)
-    r, c = _where_finite(finite, ref32), _where_finite(finite, cand)  # the non-finite places matched already
-    diff = (c - r).abs()
-    atol = min(tol, policy.tiny_output_atol_share * float(r.abs().max()))
-    bad = int((diff > atol + tol * r.abs()).sum())
-    max_err = float(diff.max())
+    atol = min(tol, policy.tiny_output_atol_share * largest)
+    outside = torch.zeros(2, dtype=torch.float64, device=ref32.device)
+    for r, c in _chunks(ref32, cand):
+        unusable = ~torch.isfinite(r)  # the non-finite places matched already
+        unusable = unusable if bool(unusable.any()) else None
+        diff = _abs_diff(c, r.double(), unusable)
+        bound = _abs_diff(r, torch.zeros((), dtype=torch.float64, device=r.device), unusable).mul_(tol).add_(atol)
+        outside[0] += (diff > bound).sum()
+        outside[1] = torch.maximum(outside[1], diff.max())
+    bad, max_err = outside.tolist()
     if bad:
         capped = f" (atol capped at {atol:.3g}: the output is tiny next to the tolerance)" if atol < tol else ""
-        return _LeafResult(False, f"output{path}: {bad} of {count} elements outside "
+        return _LeafResult(False, f"output{path}: {int(bad)} of {int(count)} elements outside "
                            f"atol=rtol={tol:g}{capped} (max abs err {max_err:.3g})", max_err)
     return _LeafResult(True, "", max_err)
 
@@ -112,20 +165,24 @@ def _faithful_leaf(policy: "FaithfulPolicy", path: str, cand: torch.Tensor, ref3
     """Candidate error against float64 within ``error_ratio_limit`` times the eager reference's own
     error plus a floor of ``ulp_floor`` fp32 epsilons relative to the output, in L2 and max norm."""
     eager = ref_tf32 if (policy.needs_tf32_reference and ref_tf32 is not None) else ref32
-    finite = torch.isfinite(eager) & torch.isfinite(ref64)
-    if not bool(finite.any()):
+    # Sums of squares and maxima of the candidate's error, eager's error and the output's magnitude
+    # over the places where eager and float64 are finite, accumulated on the device chunk by chunk.
+    totals = torch.zeros(7, dtype=torch.float64, device=ref32.device)
+    zero = torch.zeros((), dtype=ref64.dtype, device=ref64.device)
+    for e, exact, c in _chunks(eager, ref64, cand):
+        unusable = ~(torch.isfinite(e) & torch.isfinite(exact))
+        totals[6] += unusable.numel() - unusable.sum()
+        unusable = unusable if bool(unusable.any()) else None
+        for slot, error in enumerate((_abs_diff(c, exact, unusable), _abs_diff(e, exact, unusable),
+                                      _abs_diff(exact, zero, unusable))):
+            totals[slot] += torch.dot(error, error)
+            totals[3 + slot] = torch.maximum(totals[3 + slot], error.max())
+    sq_cand, sq_eager, sq_scale, max_cand, max_eager, max_scale, finite_count = totals.tolist()
+    if finite_count == 0:
         return _LeafResult(True, "no finite elements", 0.0)
-    exact = _where_finite(finite, ref64)
-    cand_err = (_where_finite(finite, cand) - exact).abs()
-    eager_err = (_where_finite(finite, eager) - exact).abs()
-    scale = exact.abs()
+    l2_cand, l2_eager, l2_scale = math.sqrt(sq_cand), math.sqrt(sq_eager), math.sqrt(sq_scale)
     eps = torch.finfo(ref32.dtype).eps
     k, floor = policy.error_ratio_limit, policy.ulp_floor * eps
-    # One host transfer for the six reductions the rule needs.
-    l2_cand, l2_eager, l2_scale, max_cand, max_eager, max_scale = torch.stack([
-        torch.linalg.vector_norm(cand_err), torch.linalg.vector_norm(eager_err), torch.linalg.vector_norm(scale),
-        cand_err.max(), eager_err.max(), scale.max(),
-    ]).tolist()
     l2_tol = k * l2_eager + floor * l2_scale
     max_tol = k * max_eager + floor * max_scale
     ratio = l2_cand / l2_eager if l2_eager > 0 else (0.0 if l2_cand == 0 else math.inf)
@@ -139,14 +196,6 @@ def _faithful_leaf(policy: "FaithfulPolicy", path: str, cand: torch.Tensor, ref3
             max_cand, ratio,
         )
     return _LeafResult(True, "", max_cand, ratio)
-
-
-def _where_finite(finite: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-    """``t`` in float64 (complex128 for complex) with zeros where ``finite`` is False: the same
-    sums, norms and maxima as over the finite elements alone, without the copies boolean indexing
-    makes (the checks run on the device, over whole outputs)."""
-    wide = t.to(torch.complex128 if t.is_complex() else torch.float64)
-    return torch.where(finite, wide, torch.zeros((), dtype=wide.dtype, device=wide.device))
 
 
 @contextlib.contextmanager
@@ -231,14 +280,20 @@ def _structure_problem(path: str, cand: Any, ref: torch.Tensor) -> str | None:
 
 
 def _nonfinite_problem(path: str, cand: torch.Tensor, ref: torch.Tensor) -> str | None:
-    ref_nan, cand_nan = torch.isnan(ref), torch.isnan(cand)
-    if not torch.equal(ref_nan, cand_nan):
-        return f"output{path}: NaN pattern differs ({int(cand_nan.sum())} NaN, expected {int(ref_nan.sum())})"
-    if ref.is_complex():
-        return None
-    ref_inf, cand_inf = torch.isinf(ref), torch.isinf(cand)
-    if not torch.equal(ref_inf, cand_inf) or not torch.equal(torch.sign(ref[ref_inf]), torch.sign(cand[cand_inf])):
-        return f"output{path}: Inf pattern differs ({int(cand_inf.sum())} Inf, expected {int(ref_inf.sum())})"
+    # [NaN places differing, candidate NaN, reference NaN, Inf places or signs differing, candidate Inf, reference Inf]
+    counts = torch.zeros(6, dtype=torch.int64, device=ref.device)
+    for c, r in _chunks(cand, ref):
+        if bool(torch.isfinite(r).all() & torch.isfinite(c).all()):  # the usual case: one pass each
+            continue
+        ref_nan, cand_nan = torch.isnan(r), torch.isnan(c)
+        counts[:3] += torch.stack([(ref_nan != cand_nan).sum(), cand_nan.sum(), ref_nan.sum()])
+        if not ref.is_complex():
+            ref_inf, cand_inf = torch.isinf(r), torch.isinf(c)
+            sign_differs = ref_inf & cand_inf & (torch.sign(r) != torch.sign(c))
+            counts[3:] += torch.stack([((ref_inf != cand_inf) | sign_differs).sum(), cand_inf.sum(), ref_inf.sum()])
+    nan_differ, cand_nan_n, ref_nan_n, inf_differ, cand_inf_n, ref_inf_n = counts.tolist()
+    if nan_differ:
+        return f"output{path}: NaN pattern differs ({cand_nan_n} NaN, expected {ref_nan_n})"
+    if inf_differ:
+        return f"output{path}: Inf pattern differs ({cand_inf_n} Inf, expected {ref_inf_n})"
     return None
-
-

@@ -211,6 +211,11 @@ class LimitsConfig:
     """Resident-memory limit of the candidate process. On the CPU backend its address space is also
     capped before the candidate is loaded, at what is mapped then plus the part of this limit not
     yet resident, so a huge allocation fails inside the candidate (``MemoryError``)."""
+    reference_mem_mb: int = 0
+    """Host memory the trusted reference worker may hold (its own, anonymous resident memory); 0:
+    what the host has available when the evaluation starts. A problem that needs more cannot be
+    judged on this host: a ``task_error`` naming the bytes, never the candidate's fault. On the CPU
+    backend its address space is capped there too, so an allocation past it fails cleanly."""
     max_processes: int = 4096
     """``RLIMIT_NPROC`` of the sandboxed candidate: processes *and threads* of its sandbox user (a fork
     bomb stops here). Only enforced when the sandbox switches to an unprivileged user."""
@@ -228,6 +233,8 @@ class LimitsConfig:
         for name in ("task_timeout_s", "candidate_timeout_s", "timing_timeout_s"):
             _require(getattr(self, name) > 0, f"limits.{name} must be > 0, got {getattr(self, name)}")
         _require(self.mem_mb >= 512, f"limits.mem_mb must be >= 512, got {self.mem_mb}")
+        _require(self.reference_mem_mb == 0 or self.reference_mem_mb >= 512,
+                 f"limits.reference_mem_mb must be 0 (what the host has) or >= 512, got {self.reference_mem_mb}")
         _require(self.max_processes >= 64, f"limits.max_processes must be >= 64, got {self.max_processes}")
         _require(self.max_file_mb >= 1, f"limits.max_file_mb must be >= 1, got {self.max_file_mb}")
         _require(self.cpu_s >= 1, f"limits.cpu_s must be >= 1, got {self.cpu_s}")

@@ -3,8 +3,11 @@
 The parent process (this module) never imports task or candidate code. It starts two fresh
 workers per evaluation: the trusted reference worker (task code only: inputs from secret seeds,
 reference outputs, comparisons, baselines) and the untrusted candidate worker (``ModelNew`` only).
-Inputs and outputs travel between them as files in the safe tensor format; control messages go
-over private pipes. Any crash, hang or OOM becomes a verdict, and both workers are always killed.
+Inputs and outputs travel between them in shared memory (device allocations opened through IPC
+handles on CUDA, shared-memory files on the CPU backend: :mod:`shared_tensors`); control messages
+go over private pipes. The problem's size is measured before anything of that size is allocated,
+and trials are made only as far ahead as memory allows (one at a time for GPU-sized problems).
+Any crash, hang or OOM becomes a verdict, and both workers are always killed.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from cuda_agent.environment.config import EvalConfig, TimingConfig
 from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.presets import reward_baseline_setting, timing_method_key
+from cuda_agent.environment.problem_size import MemoryPlan, ProblemSize, gigabytes, memory_plan
 from cuda_agent.environment.reward import milestone_reward
 from cuda_agent.environment.solution import Layout, Solution, SolutionError, load_solution
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
@@ -34,6 +38,7 @@ from cuda_agent.environment.verdict import Status, TimingStats, TrialResult, Ver
 from cuda_agent.environment.slots import Prestarter, WorkerSlot
 from cuda_agent.environment.worker import (
     ForgedReply, RemoteError, WorkerDied, WorkerDiskExceeded, WorkerError, WorkerMemoryExceeded, WorkerTimeout,
+    available_host_bytes,
 )
 
 logger = logging.getLogger(__name__)
@@ -82,7 +87,7 @@ class _Evaluation:
         )
         self.prestarted = prestarted
         self.slot: WorkerSlot | None = None
-        self._post_timing_trial: tuple[int, str] | None = None
+        self.plan: MemoryPlan | None = None
         self._phase_name, self._phase_started = "guards", time.monotonic()
 
     # -- driver --------------------------------------------------------------------------------
@@ -96,6 +101,7 @@ class _Evaluation:
         finally:
             self._begin("teardown")
             if self.slot is not None:
+                self._record_memory()
                 self.slot.close()
             self.verdict.phase_seconds["total"] = self._begin("") - started  # the same clock reads as the phases
         self.verdict.correct = self.verdict.status is Status.CORRECT
@@ -108,6 +114,7 @@ class _Evaluation:
         """The phases, each timed under its own name in ``verdict.phase_seconds``: together they
         make up the wall time (the build's own time, which overlaps them, is ``verdict.build``)."""
         solution = self._load_inputs()
+        batches = self._trial_batches()
         with ThreadPoolExecutor(max_workers=1) as pool:
             build = pool.submit(build_solution, solution, self.config.device, self.config.build, self.config.cache_dir,
                                 self.config.sandbox)
@@ -116,8 +123,11 @@ class _Evaluation:
             self._begin("prepare")
             self._lay_out(solution)
             self._load_reference()
+            batches = self._resize_batches(batches)
             self.verdict.environment["sandbox"] = self.slot.lease.describe()
-            trials = None if build.done() else self._prepare_trials()  # while the build runs
+            # While the build runs, when all trials are made at once (small problems); a larger
+            # problem's first trial would still be resident while its baselines are timed.
+            first = None if build.done() or len(batches) > 1 else self._prepare_trials(batches[0])
             self._begin("build_wait")
             built = self._finish_build(build)
         self._begin("baselines")
@@ -125,23 +135,24 @@ class _Evaluation:
             baselines = self._baselines() if self.profile else {}  # before any candidate code runs
         self._begin("load")
         with ThreadPoolExecutor(max_workers=1) as pool:
-            # The reference makes the input sets while the candidate loads; this thread keeps
+            # The reference makes the first input sets while the candidate loads; this thread keeps
             # watching the candidate's limits.
-            pending = pool.submit(self._prepare_trials) if trials is None else None
+            pending = pool.submit(self._prepare_trials, batches[0]) if first is None else None
             self._load_candidate(built)
-            trials = trials if pending is None else pending.result()
+            first = first if pending is None else pending.result()
         self._begin("verify")
-        self._verify(trials)
+        self._verify(first)
+        for batch in batches[1:]:
+            self._verify(self._prepare_trials(batch))
         if not self.profile:
             self.verdict.notes.append("verified only (profile=False): not timed, so the reward is at most 1")
             return
         self._begin("profile")
         with self._quiet_device():
             self._profile(baselines)
-        if self._post_timing_trial is not None:
+        if self.config.verify.post_timing_check:
             self._begin("post_timing")
-            self._ask_reference("write_inputs", {"index": self._post_timing_trial[0]})
-            self._verify([self._post_timing_trial])
+            self._verify(self._prepare_trials([(len(sum(batches, [])), "post_timing")]))
 
     def _quiet_device(self) -> contextlib.AbstractContextManager:
         """While timing: no prestarted slot initialises its device context."""
@@ -201,11 +212,55 @@ class _Evaluation:
 
     def _load_reference(self) -> None:
         environment = self.verdict.environment
+        self.slot.reference.mem_mb = self._reference_budget_mb()
         reply = self._ask_reference("load", {
             "task_file": str(self.task_file), "device": self.config.device,
             "init_seed": self.config.verify.init_seed, "precision": self.policy.name,
+            "io_dir": str(self.scratch / "io"), "out_dir": str(self.scratch / "out"),
+            "address_space_mb": self._reference_budget_mb() if self.config.device == "cpu" else None,
         })
         self.verdict.environment = {**reply["environment"], **environment}
+        self._note_loaded_memory("reference", self.slot.reference)
+        self.verdict.environment["transport"] = ("CUDA IPC (device to device)" if self.config.device == "cuda"
+                                                 else "shared-memory files (mapped by both workers)")
+        self._plan_memory(ProblemSize.from_json_dict(reply["size"]), reply.get("memory", {}))
+
+    def _reference_budget_mb(self) -> int:
+        """Host memory the reference worker may hold (``limits.reference_mem_mb``, or what the
+        host has available now)."""
+        return self.config.limits.reference_mem_mb or int(available_host_bytes() / 2**20)
+
+    def _plan_memory(self, size: ProblemSize, room: dict[str, int]) -> None:
+        """Decide, before anything of the problem's size exists, whether it can be judged here
+        (else a ``task_error`` naming the bytes), how many trials may be resident at once, and
+        how much the harness holds in the candidate's process (added to its limits, never
+        charged to it)."""
+        self.verdict.problem_bytes = {k: v for k, v in size.to_json_dict().items() if k != "note"}
+        if size.note:
+            self.verdict.notes.append(f"size: {size.note}")
+        on_device = self.config.device == "cuda"
+        budget = room.get("device_free_bytes", 0) if on_device else self._reference_budget_mb() * 2**20
+        verify = self.config.verify
+        trials = verify.trials + (2 if verify.perturbed_trials else 0)
+        plan = memory_plan(size, trials, self.policy.needs_float64, self.policy.needs_tf32_reference and on_device,
+                           verify.timed_audits)
+        self.plan = plan
+        where = "device memory" if on_device else "host memory"
+        if plan.peak_bytes > budget:
+            outputs = "unknown" if size.output_bytes is None else gigabytes(size.output_bytes)
+            raise _Stop(Status.TASK_ERROR, (
+                f"the problem does not fit this machine: judging it needs about {gigabytes(plan.peak_bytes)} of "
+                f"{where} (inputs {gigabytes(size.input_bytes)}, outputs {outputs}, with the float64 reference, "
+                f"one resident trial and the timing buffers), and {gigabytes(budget)} is available"))
+        if plan.audits < verify.timed_audits:
+            self.verdict.notes.append(f"timing: {plan.audits} of {verify.timed_audits} timed calls audited (each "
+                                      f"kept call holds the outputs, {gigabytes(size.output_bytes or 0)})")
+        candidate = self.slot.candidate
+        if not on_device:  # what the harness holds in the candidate's process is not the candidate's
+            candidate.mem_mb = self.config.limits.mem_mb + plan.candidate_harness_bytes // 2**20
+        outputs = size.output_bytes if size.output_bytes is not None else size.input_bytes
+        if candidate.disk_mb is not None and not on_device:  # shared output files live in its outputs folder
+            candidate.disk_mb = self.config.limits.disk_mb + (plan.resident_trials + plan.audits + 2) * outputs // 2**20
 
     def _finish_build(self, build) -> BuiltSolution:
         try:
@@ -220,38 +275,43 @@ class _Evaluation:
         self.slot.lease.give_to_candidate(self.slot.extensions_dir)
         return built
 
-    def _prepare_trials(self) -> list[tuple[int, str]]:
-        """Generate every correctness input set (and its references) from fresh secret seeds, in
-        one pipelined batch of requests. The post-timing trial's set is made now too (its
-        references must not compete with the timed candidate for the device), but its file is
-        written only after timing ended."""
+    def _trial_batches(self) -> list[list[tuple[int, str]]]:
+        """The correctness trials, ``(index, kind)``, in one batch until the memory plan splits them."""
         kinds = ["standard"] * self.config.verify.trials
         if self.config.verify.perturbed_trials:
             kinds += ["scaled", "sign_symmetric"]
-        post_timing = self.profile and self.config.verify.post_timing_check
-        if post_timing:
-            kinds.append("post_timing")
-        for index, kind in enumerate(kinds):
-            self._send_reference("make_inputs", {
-                "index": index, "kind": kind, "seed": secrets.randbits(63), "keep_inputs": index == _TIMED_TRIAL,
-                "scale": self.config.verify.perturb_scale, "path": str(self._inputs_path(index)),
-                "defer_write": kind == "post_timing",
+        return [list(enumerate(kinds))]
+
+    def _resize_batches(self, batches: list[list[tuple[int, str]]]) -> list[list[tuple[int, str]]]:
+        """Batches of as many trials as may be resident at once (all of them for small problems)."""
+        trials = sum(batches, [])
+        size = self.plan.resident_trials if self.plan is not None else len(trials)
+        return [trials[i:i + size] for i in range(0, len(trials), size)]
+
+    def _prepare_trials(self, batch: list[tuple[int, str]]) -> list[tuple[int, str, Any]]:
+        """Make every input set of ``batch`` (and its references) from fresh secret seeds, in one
+        pipelined batch of requests; returns ``(index, kind, shared inputs header)`` per trial made."""
+        for index, kind in batch:
+            self._send_reference("make_trial", {
+                "index": index, "kind": kind, "seed": secrets.randbits(63), "timed": index == _TIMED_TRIAL,
+                "scale": self.config.verify.perturb_scale,
             })
-        made = [self._made_trial(index, kind, self._receive_reference("make_inputs")) for index, kind in enumerate(kinds)]
-        if post_timing:
-            self._post_timing_trial = made.pop()
+        made = [self._made_trial(index, kind, self._receive_reference("make_trial")) for index, kind in batch]
         return [trial for trial in made if trial is not None]
 
-    def _made_trial(self, index: int, kind: str, reply: dict[str, Any]) -> tuple[int, str] | None:
+    def _made_trial(self, index: int, kind: str, reply: dict[str, Any]) -> tuple[int, str, Any] | None:
         if reply.get("skipped"):
             self.verdict.notes.append(f"trial {index} ({kind}) skipped: {reply['skipped']}")
             return None
-        if reply.get("fp64_error") and not any("float64" in n for n in self.verdict.notes):
-            self.verdict.notes.append(
-                f"precision: the reference does not run in float64 ({reply['fp64_error']}); "
-                "correctness falls back to the kernelbench tolerances"
-            )
-        return index, kind
+        notes = self.verdict.notes
+        if reply.get("fp64_error") and not any("float64" in n for n in notes):
+            notes.append(f"precision: the reference does not run in float64 ({reply['fp64_error']}); "
+                         "correctness falls back to the kernelbench tolerances")
+        source = reply.get("input_source", "device")
+        if source != "device" and not any(n.startswith("inputs: ") for n in notes):
+            notes.append(f"inputs: drawn on the {source}")
+        notes.extend(f"inputs: trial {index}: {n}" for n in reply.get("notes", []))
+        return index, kind, reply["inputs"]
 
     def _baselines(self) -> dict[str, TimingStats]:
         variants = ["eager_tf32_off"]
@@ -282,59 +342,79 @@ class _Evaluation:
         self.verdict.baselines = stats
         return stats
 
+    def _note_loaded_memory(self, name: str, worker: Any) -> None:
+        """The worker's resident memory once its code is loaded (the interpreter, torch, the task's
+        or candidate's module and model) and before any input exists: what the problem's data and
+        the harness's copies of it add is measured from here."""
+        loaded = worker.rss_mb()
+        if loaded is not None:
+            self.verdict.memory_mb.setdefault(name, {})["loaded_host_mb"] = loaded
+
     def _load_candidate(self, built: BuiltSolution) -> None:
         reply = self._ask_candidate("load", {
             "task_file": str(self.task_file), "solution_file": str(self.candidate_model_file),
             "layout": built.solution.layout.value, "extensions_dir": str(self.slot.extensions_dir),
             "device": self.config.device, "init_seed": self.config.verify.init_seed,
-            # on CUDA device memory is not address space (a context maps far more than it holds)
-            "address_space_mb": self.config.limits.mem_mb if self.config.device == "cpu" else None,
+            "io_dir": str(self.scratch / "io"), "out_dir": str(self.scratch / "out"),
+            # on CUDA device memory is not address space (a context maps far more than it holds);
+            # on the CPU the shared regions the harness maps into it are room it did not ask for
+            "address_space_mb": self._candidate_address_space_mb() if self.config.device == "cpu" else None,
         }, self.config.limits.candidate_timeout_s)
+        self._note_loaded_memory("candidate", self.slot.candidate)
         self.verdict.notes.extend(reply.get("notes", []))
 
-    def _verify(self, trials: list[tuple[int, str] | None]) -> None:
-        """The candidate runs every trial (pipelined requests), then closes one deferred-work
-        window for all of them; the reference checks each trial as soon as its run has replied.
-        Outcomes are judged in trial order, exactly as if one trial followed the other: trial
+    def _candidate_address_space_mb(self) -> int:
+        harness = 2 * self.plan.peak_bytes // 2**20 if self.plan is not None else 0
+        return self.slot.candidate.mem_mb + harness
+
+    def _verify(self, trials: list[tuple[int, str, Any]]) -> None:
+        """The candidate runs every trial (pipelined requests); the reference checks each trial as
+        soon as its run has replied; then the candidate closes one deferred-work window for all of
+        them, after the reference has read their outputs. Outcomes are judged in trial order, exactly as if one trial followed the other: trial
         *i*'s run-time violations count only after trial *i − 1* was found correct, and a failed
-        run (crash, timeout) is reported only after the trials before it were judged."""
-        trials = [t for t in trials if t is not None]
-        for index, kind in trials:
-            self._inputs_path(index).chmod(0o644)  # readable by the sandbox user whatever the umask
-            self._send_candidate("run", {"trial": index, "inputs_path": str(self._inputs_path(index)),
-                                         "outputs_path": str(self._outputs_path(index)),
+        run (crash, timeout) is reported only after the trials before it were judged. Judged
+        trials are freed on both sides before the next batch is made."""
+        for index, kind, inputs in trials:
+            self._send_candidate("run", {"trial": index, "inputs": inputs,
                                          "require_extension_call": self.config.verify.require_extension_call})
-        self._send_candidate("settle", {})
         runs: list[dict[str, Any]] = []
+        checks: list[dict[str, Any]] = []
         changed: set[int] = set()
         failure: _Stop | None = None
         try:
-            for index, kind in trials:
+            for index, kind, _ in trials:
                 runs.append(self._receive_candidate("run", self.config.limits.candidate_timeout_s,
                                                     context=f"trial {index} ({kind})"))
-                self._send_reference("check", {"index": index, "path": str(self._outputs_path(index))})
-            changed = set(self._receive_candidate("settle", self.config.limits.candidate_timeout_s)["changed"])
+                self._send_reference("check", {"index": index, "outputs": runs[-1].get("outputs")})
         except _Stop as stop:
             failure = stop
+        checks = [self._receive_reference("check") for _ in runs]
+        if failure is None:
+            # After the reference has read the outputs: outputs shared in place must not have
+            # changed by then (deferred work finishing the result for the check, not the timer).
+            try:
+                changed = set(self._ask_candidate("settle", {}, self.config.limits.candidate_timeout_s)["changed"])
+            except _Stop as stop:
+                failure = stop
         for position, reply in enumerate(runs):
             if position > 0:
-                self._judge(*trials[position - 1])
+                self._judge(*trials[position - 1][:2], checks[position - 1])
             self._raise_on_violations(reply)
             if trials[position][0] in changed:
                 raise self._violation("output-changed-after-return", "outputs kept changing after forward() "
                                       "returned and the device was synchronised")
         if runs:
-            self._judge(*trials[len(runs) - 1])
+            self._judge(*trials[len(runs) - 1][:2], checks[len(runs) - 1])
         if failure is not None:
             raise failure
+        self._ask_candidate("release", {"trials": [index for index, _, _ in trials]},
+                            self.config.limits.candidate_timeout_s)
 
-    def _judge(self, index: int, kind: str) -> None:
-        """Receive the reference's check of trial ``index`` (the next reply it owes) and stop if it failed."""
-        check = self._receive_reference("check")
+    def _judge(self, index: int, kind: str, check: dict[str, Any]) -> None:
+        """Record the reference's check of trial ``index`` and stop if it failed."""
         result = TrialResult(index, kind, bool(check["passed"]), str(check["message"]),
                              check.get("max_abs_err"), check.get("error_ratio"))
         self.verdict.trials.append(result)
-        self._outputs_path(index).unlink(missing_ok=True)
         if not result.passed:
             weights = [n for n in self.verdict.notes if n.startswith("weights:")]
             raise _Stop(Status.INCORRECT, f"trial {index} ({kind}): {result.message}"
@@ -368,18 +448,27 @@ class _Evaluation:
             v.speedup_vs_compile = v.compile_ms / candidate.median_ms if v.compile_ms else None
 
     def _time_candidate(self, host_clock: bool) -> TimingStats:
-        """One timing loop in the candidate worker, its audited calls checked by the reference."""
+        """One timing loop in the candidate worker on the timed trial's inputs (shared afresh by
+        the reference), its audited calls then checked by the reference."""
         noise_seed = secrets.randbits(62)
+        inputs = self._ask_reference("timing_inputs", {})["inputs"]
         reply = self._ask_candidate("time", {
-            "inputs_path": str(self._inputs_path(_TIMED_TRIAL)), "timing": dataclasses.asdict(self._timing),
-            "noise_seed": noise_seed, "audits": self.config.verify.timed_audits, "audit_seed": secrets.randbits(62),
-            "out_dir": str(self.scratch / "out"), "host_clock": host_clock, "timed_cpus": self._timed_cpus,
+            "inputs": inputs, "timing": dataclasses.asdict(self._timing),
+            "noise_seed": noise_seed, "audits": self._audits, "audit_seed": secrets.randbits(62),
+            "host_clock": host_clock, "timed_cpus": self._timed_cpus,
         }, self.config.limits.timing_timeout_s, context="timing (host clock)" if host_clock else "timing")
         self._note_unpinned(reply, "the candidate worker")
         self._raise_on_violations(reply)
         stats = TimingStats.from_dict(reply["stats"])
         self._audit_timed_calls(reply.get("audited"), stats.n * stats.calls_per_sample, noise_seed)
+        self._ask_candidate("release", {"audited": True}, self.config.limits.candidate_timeout_s)
+        self._ask_reference("finish_timing", {})
         return stats
+
+    @property
+    def _audits(self) -> int:
+        """Timed calls to audit: as configured, fewer when their kept outputs would not fit."""
+        return self.plan.audits if self.plan is not None else self.config.verify.timed_audits
 
     @property
     def _timed_cpus(self) -> list[int] | None:
@@ -404,21 +493,21 @@ class _Evaluation:
                                    batch_mem_mb=max(1, min(timing.batch_mem_mb, self.config.limits.mem_mb // 4)))
 
     def _audit_timed_calls(self, audited: Any, samples: int, noise_seed: int) -> None:
-        """Have the reference check the outputs the candidate captured for its audited timed calls.
+        """Have the reference check the outputs the candidate kept for its audited timed calls.
 
-        The parent, not the candidate, derives each call's input seed and its outputs path, so a
-        reply can only name which calls were audited, and must name as many as were asked for."""
-        expected = min(self.config.verify.timed_audits, samples)
+        The parent, not the candidate, derives each call's input seed, so a reply can only name
+        which calls were audited (and where their outputs are), and must name as many as were
+        asked for."""
+        expected = min(self._audits, samples)
         entries = audited if isinstance(audited, list) and all(isinstance(a, dict) for a in audited) else []
         calls = [a.get("call") for a in entries]
         if len(calls) != expected or len(set(calls)) != expected or not all(isinstance(c, int) and c > 0 for c in calls):
             raise self._violation("timed-audit-missing", f"the timing reply did not report {expected} audited timed calls")
-        for call in calls:
+        for call, entry in zip(calls, entries):
             self._send_reference("audit", {"seed": call_seed(noise_seed, call), "noise": self.config.timing.input_noise,
-                                           "path": str(self.scratch / "out" / f"timed_{call}.bin")})
+                                           "outputs": entry.get("outputs")})
         checks = [self._receive_reference("audit") for _ in calls]  # all received before any is judged
         for call, check in zip(calls, checks):
-            (self.scratch / "out" / f"timed_{call}.bin").unlink(missing_ok=True)
             if not check["passed"]:
                 raise self._violation("timed-output-incorrect", (
                     f"timed call {call} returned a wrong result ({check['message']}): the candidate computes "
@@ -442,11 +531,25 @@ class _Evaluation:
         return off.median_ms
 
     # -- worker calls ------------------------------------------------------------------------
-    def _inputs_path(self, index: int) -> Path:
-        return self.scratch / "io" / f"inputs_{index}.bin"
-
-    def _outputs_path(self, index: int) -> Path:
-        return self.scratch / "out" / f"outputs_{index}.bin"
+    def _record_memory(self) -> None:
+        """Each worker's peak memory: host from the kernel (read here), device as the worker
+        reports it when it is still alive and idle."""
+        for name, worker in (("reference", self.slot.reference), ("candidate", self.slot.candidate)):
+            if worker is None:
+                continue
+            peak: dict[str, float] = {}
+            host = worker.peak_rss_mb()
+            if host is not None:
+                peak["peak_host_mb"] = host
+            if worker.idle:
+                try:
+                    reported = worker.request({"op": "stats"}, 30)
+                    if isinstance(reported.get("peak_device_mb"), (int, float)):
+                        peak["peak_device_mb"] = float(reported["peak_device_mb"])
+                except (WorkerError, RemoteError):
+                    pass
+            if peak:
+                self.verdict.memory_mb.setdefault(name, {}).update(peak)
 
     def _ask_reference(self, op: str, payload: dict[str, Any]) -> dict[str, Any]:
         self._send_reference(op, payload)
@@ -467,12 +570,32 @@ class _Evaluation:
         try:
             yield
         except RemoteError as exc:
+            if _is_out_of_memory(exc):
+                raise _Stop(Status.TASK_ERROR, f"the reference ran out of memory during '{op}' ({exc}); "
+                                               f"{self._size_summary()}") from None
             raise _Stop(Status.TASK_ERROR, f"reference '{op}' failed: {exc}\n{exc.traceback}".strip()) from None
+        except WorkerMemoryExceeded as exc:
+            raise _Stop(Status.TASK_ERROR, f"the reference ran out of host memory during '{op}': {exc} "
+                                           f"(limits.reference_mem_mb); {self._size_summary()}") from None
         except WorkerError as exc:
-            # SIGKILL from outside (the OOM killer, an operator) is no fault of the task; pools try again.
-            killed = isinstance(exc, WorkerDied) and self.slot.reference.proc.returncode == -signal.SIGKILL
+            reference = self.slot.reference
+            killed = isinstance(exc, WorkerDied) and reference.proc.returncode == -signal.SIGKILL
+            if killed and reference.oom_killed() and reference.last_rss_mb * 2**20 > available_host_bytes():
+                # it held more than the host had left: the problem does not fit, no retry helps
+                raise _Stop(Status.TASK_ERROR, f"the reference ran out of host memory during '{op}': {exc}; "
+                                               f"{self._size_summary()}") from None
+            # Other SIGKILLs (the OOM killer ending it for a neighbour's memory, an operator) are
+            # no fault of the task; pools try again.
             raise _Stop(Status.INFRA_ERROR if killed else Status.TASK_ERROR,
                         f"reference worker failed during '{op}': {exc}\n{exc.log_tail}".strip()) from None
+
+    def _size_summary(self) -> str:
+        sizes = self.verdict.problem_bytes
+        if not sizes:
+            return "the problem's size is unknown"
+        outputs = sizes.get("output_bytes")
+        return (f"the problem's inputs are {gigabytes(sizes.get('input_bytes') or 0)}, its outputs "
+                f"{'unknown' if outputs is None else gigabytes(outputs)}")
 
     def _ask_candidate(self, op: str, payload: dict[str, Any], timeout_s: float, context: str = "") -> dict[str, Any]:
         self._send_candidate(op, payload)

@@ -3,7 +3,7 @@
 The candidate worker runs untrusted code next to the harness functions that time it and save its
 outputs. Before any candidate code is imported, a snapshot records every harness-critical function
 and its code object; after each candidate call the snapshot is compared again. This catches
-monkeypatching of ``torch.cuda.synchronize``, the timers, the output writer, the runtime checks or
+monkeypatching of ``torch.cuda.synchronize``, the timers, the output sharing, the runtime checks or
 ``time``, and rebinding of any name in the worker's own module namespace (it runs as
 ``__main__``, so watching the importable module alone would miss ``__main__.measure = ...``). The
 static guards reject the introspection tricks needed to reach further; the sandbox, the audited
@@ -22,7 +22,9 @@ _WATCHED = (
     ("time", "perf_counter"), ("time", "perf_counter_ns"), ("time", "monotonic"), ("time", "sleep"),
     ("torch", "equal"), ("torch", "isnan"), ("torch.cuda", "synchronize"), ("torch.cuda", "Event"),
     ("torch.cuda", "current_stream"), ("torch", "no_grad"),
-    ("cuda_agent.environment.tensor_io", "save"), ("cuda_agent.environment.tensor_io", "dtype_name"),
+    ("cuda_agent.environment.shared_tensors", "share"), ("cuda_agent.environment.shared_tensors", "open_share"),
+    ("cuda_agent.environment.shared_tensors", "OutgoingShare"), ("cuda_agent.environment.shared_tensors", "dtype_name"),
+    ("cuda_agent.environment.fingerprint", "FingerprintKey"),
     ("cuda_agent.environment.timing", "measure"), ("cuda_agent.environment.timing", "summarize"),
     ("cuda_agent.environment.timing", "CudaTimer"), ("cuda_agent.environment.timing", "CpuTimer"),
     ("cuda_agent.environment.candidate_worker", "runtime_violations"),

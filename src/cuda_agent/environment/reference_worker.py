@@ -1,10 +1,21 @@
 """Trusted worker: runs only the task's reference code, never candidate code.
 
-It builds the reference ``Model``, generates every input set from the secret seeds the parent
-sends, computes the reference outputs (fp32 with TF32 off, float64, and TF32-on when the policy
-needs it), compares candidate outputs read from the safe tensor format, and times the eager and
-``torch.compile`` baselines. Running it in its own process means candidate code can neither see
-the expected outputs in memory nor change TF32 or other global state before the baselines run.
+It builds the reference ``Model``, makes every input set from the secret seeds the parent sends,
+computes the reference outputs (float64, fp32 with TF32 off, and TF32-on when the policy needs
+it), hands the candidate its inputs in shared memory (:mod:`shared_tensors`: a device allocation
+on CUDA, a shared-memory file on the CPU backend), compares the outputs the candidate shares back,
+and times the eager and ``torch.compile`` baselines. Running it in its own process means candidate
+code can neither see the expected outputs in memory nor change TF32 or other global state before
+the baselines run.
+
+Inputs are made where they are used: ``get_inputs()`` runs with the device as the default device
+(a 6 GB ``torch.rand`` takes milliseconds there, a second on the host), and a problem whose
+``get_inputs()`` cannot falls back to drawing on the host, which the verdict notes. Only one copy
+of a trial's inputs is kept, the one shared with the candidate; every reference computation reads
+a fresh private copy: redrawn from the trial's seed on CUDA (checked bit for bit against the first
+draw: the candidate can write into the memory it was given), a copy-on-write mapping of the
+trusted input file on the CPU backend. So a trial holds its inputs once, its references, and
+nothing else, and trials are freed as soon as they are judged.
 """
 
 from __future__ import annotations
@@ -13,29 +24,33 @@ import copy
 import gc
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-from cuda_agent.environment import tensor_io
+from cuda_agent.environment.comparison import References, tf32_enabled, tf32_setting
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.degeneracy_probe import degeneracy_flags
-from cuda_agent.environment.loading import clone_tree, import_file, seed_all, tensors_in, to_device
-from cuda_agent.environment.comparison import References, tf32_enabled, tf32_setting
+from cuda_agent.environment.fingerprint import FingerprintKey
+from cuda_agent.environment.loading import clone_tree, import_file, map_tensors, seed_all, tensors_in, to_device
 from cuda_agent.environment.precision import POLICIES
+from cuda_agent.environment.problem_size import measure_size
+from cuda_agent.environment.shared_tensors import IncomingShare, OutgoingShare, ShareError, open_share, share
 from cuda_agent.environment.task import REQUIRED_NAMES
 from cuda_agent.environment.timed_cpus import pinned_to
-from cuda_agent.environment.timing import FreshInputs, make_timer, measure, perturbed, tree_bytes
-from cuda_agent.environment.worker import serve, warm_device
+from cuda_agent.environment.timing import FreshInputs, make_timer, measure, perturb_
+from cuda_agent.environment.worker import cap_address_space, peak_memory, serve, warm_device
 
 
 def _to_double(tree):
-    if isinstance(tree, torch.Tensor):
-        return tree.double() if tree.is_floating_point() else tree
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_to_double(v) for v in tree)
-    return tree
+    return map_tensors(lambda t: t.double() if t.is_floating_point() else t, tree)
+
+
+def _contiguous(tree):
+    """References laid out flat (the chunked comparison reads them as one run of elements)."""
+    return map_tensors(lambda t: t.contiguous(), tree)
 
 
 def _sync(device: str) -> None:
@@ -43,10 +58,23 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-DEVICE_REFERENCE_SHARE = 0.2
-"""Share of the GPU's memory the references of one evaluation may hold on the device (where the
-candidate's outputs are compared with them, without a copy to the host); past it they are kept in
-host memory and compared there."""
+class NotReproducible(RuntimeError):
+    """``get_inputs()`` drew different inputs from the same seed."""
+
+
+@dataclass
+class _Trial:
+    """One input set: how to make it again, the copy shared with the candidate, its references."""
+
+    seed: int
+    kind: str
+    scale: float
+    name: str  # of its input file (CPU backend)
+    fingerprints: list[int] | None = None  # of the first draw (CUDA: later draws must match)
+    kept: list | None = None  # a private copy, when drawing again does not give the same inputs
+    shared: OutgoingShare | None = None
+    refs: References | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 class ReferenceWorker:
@@ -57,37 +85,44 @@ class ReferenceWorker:
         self.compiled: Any = None
         self.fp64_error: str | None = None
         self.device = "cpu"
-        self.refs: dict[int, References] = {}
-        self.timed_inputs: list = []
+        self.trials: dict[int, _Trial] = {}
+        self.timed: _Trial | None = None
+        """The trial the candidate is timed on: remade for timing and for its audits."""
+        self.timing_share: OutgoingShare | None = None
         self.public_inputs: tuple[int, list] | None = None
         """``(seed, inputs)``: the public-seed inputs of the current task, drawn once for its
         baselines (the model only ever sees perturbed copies or clones of them)."""
-        self.draw_on_device = False
+        self.input_source = "device"
         self.policy = POLICIES.get("faithful")
-        self.deferred_inputs: dict[int, tuple[list, Path]] = {}
-        """Input sets made ahead whose file is written only when asked (the post-timing trial's,
-        made while the candidate is timed, must not exist before its timing ended)."""
-        self.device_reference_bytes = 0
+        self.io_dir = self.out_dir = Path(".")
+        self.key: FingerprintKey | None = None
         self.driver = "unknown"
 
     # -- ops ---------------------------------------------------------------------------------
     def warm(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Prestart: the device, the driver version (a subprocess, once per worker) and a first
-        comparison (its kernels and imports), before any task exists."""
+        """Prestart: the device, the driver version (a subprocess, once per worker), a first
+        comparison (its kernels and imports) and a first size measurement (a forward pass on the
+        meta device imports ``torch._dynamo``: seconds), before any task exists."""
         warm_device(msg)
         device = msg["device"]
         if device == "cuda":
             self.driver = _driver_version()
         probe = torch.ones(4, device=device)
         POLICIES.get("faithful").compare(probe, References(probe, probe.double()))
+        measure_size(lambda: [torch.ones(2)], torch.nn.ReLU)
+        self.key = FingerprintKey(device)
         return {}
 
     def load(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Import the task, measure its size on the meta device (before anything of its size is
+        allocated), and build its model on the device."""
+        if msg.get("address_space_mb"):
+            cap_address_space(msg["address_space_mb"])
         self.device = msg["device"]
         if self.device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("device 'cuda' requested but torch.cuda.is_available() is False")
         self.policy = POLICIES.get(msg["precision"])
-        self.draw_on_device = bool(msg.get("draw_on_device", False))
+        self.io_dir, self.out_dir = Path(msg.get("io_dir", ".")), Path(msg.get("out_dir", "."))
         self._release_task()
         self.module = import_file(Path(msg["task_file"]), "reference_task")
         missing = [n for n in REQUIRED_NAMES if not hasattr(self.module, n)]
@@ -95,6 +130,8 @@ class ReferenceWorker:
             raise AttributeError(f"task module does not define {', '.join(missing)} after import")
         seed_all(msg["init_seed"])
         init_inputs = self.module.get_init_inputs()
+        size = measure_size(self.module.get_inputs, lambda: self.module.Model(*init_inputs),
+                            lambda: self._draw_inputs(msg["init_seed"]))
         seed_all(msg["init_seed"])
         self.model = self.module.Model(*init_inputs).to(self.device)
         self.compiled = None
@@ -103,98 +140,198 @@ class ReferenceWorker:
                 self.model64 = copy.deepcopy(self.model).double()
             except Exception as exc:  # noqa: BLE001 - reported as a precision fallback
                 self.fp64_error = f"{type(exc).__name__}: {exc}"
-        return {"environment": self._environment()}
+        if self.key is None or self.key.device.type != torch.device(self.device).type:
+            self.key = FingerprintKey(self.device)
+        return {"environment": self._environment(), "size": size.to_json_dict(), "memory": _memory_room(self.device)}
 
     def _release_task(self) -> None:
-        """Drop the previous task's model and give its cached GPU memory back, so a worker that
-        serves many tasks (the synthesis filter) holds only the current one's."""
+        """Drop the previous task's model, trials and shares, and give its cached GPU memory back,
+        so a worker that serves many tasks (the synthesis filter) holds only the current one's."""
+        for trial in self.trials.values():
+            self._free_trial(trial)
+        self._free_timing()
         self.model = self.compiled = self.model64 = None
         self.public_inputs = None
         self.fp64_error = None
-        self.refs, self.deferred_inputs, self.device_reference_bytes = {}, {}, 0
+        self.trials, self.timed = {}, None
+        self.input_source = "device"
         if torch.cuda.is_initialized():
             gc.collect()
             torch.cuda.empty_cache()
 
-    def make_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Generate one input set from a secret seed, compute the references, save the inputs."""
+    def make_trial(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Make one input set from a secret seed, compute its references, and share the inputs
+        with the candidate (the reply carries the share's header)."""
         assert self.model is not None
+        self.public_inputs = None  # the baselines are timed before any trial: their inputs are done with
         index, kind = msg["index"], msg["kind"]
-        seed_all(msg["seed"])
-        inputs = list(self.module.get_inputs())
-        if kind == "scaled":
-            inputs = [t * msg["scale"] if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
-        elif kind == "sign_symmetric":
-            floats = [t for t in inputs if isinstance(t, torch.Tensor) and t.is_floating_point()]
+        trial = _Trial(msg["seed"], kind, float(msg.get("scale", 1.0)), f"inputs_{index}.bin")
+        if kind == "sign_symmetric":  # only for inputs that are all non-negative as drawn
+            floats = [t for t in self._draw_inputs(trial.seed) if isinstance(t, torch.Tensor) and t.is_floating_point()]
             if not floats or any(bool((t < 0).any()) for t in floats):
                 return {"skipped": "inputs already take both signs"}
-            inputs = [t * (torch.randint(0, 2, t.shape, dtype=t.dtype) * 2 - 1)
-                      if isinstance(t, torch.Tensor) and t.is_floating_point() else t for t in inputs]
-        refs = self._references(inputs)
-        if kind != "standard" and not all(bool(torch.isfinite(t).all()) for t in tensors_in(refs.fp32) if t.is_floating_point()):
+            del floats
+        try:
+            refs = self._references(lambda: self._fresh(trial))
+        except NotReproducible as exc:
+            trial.kept, trial.fingerprints = self._draw_trial(trial), None  # one private copy from here on
+            trial.notes.append(f"inputs kept instead of drawn again ({exc})")
+            refs = self._references(lambda: self._fresh(trial))
+        if kind != "standard" and not all(bool(torch.isfinite(t).all()) for t in tensors_in(refs.fp32)
+                                          if t.is_floating_point()):
+            self._free_trial(trial)
             return {"skipped": "the reference is not finite on this perturbed distribution"}
-        self.refs[index] = refs
-        if msg.get("keep_inputs"):
-            self.timed_inputs = inputs
-        if msg.get("defer_write"):
-            self.deferred_inputs[index] = (inputs, Path(msg["path"]))
-        else:
-            tensor_io.save(inputs, Path(msg["path"]))
-        return {"fp64_error": self.fp64_error}
+        trial.refs = refs
+        if trial.shared is None:
+            trial.shared = self._share(self._fresh(trial), trial.name)
+        self.trials[index] = trial
+        if msg.get("timed"):
+            self.timed = trial
+        _give_back_cached_memory(self.device)  # the float64 pass's temporaries: the candidate's turn now
+        return {"inputs": trial.shared.header, "fp64_error": self.fp64_error, "input_source": self.input_source,
+                "notes": trial.notes}
 
-    def write_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Write the file of an input set made earlier with ``defer_write``."""
-        inputs, path = self.deferred_inputs.pop(msg["index"])
-        tensor_io.save(inputs, path)
-        return {}
+    def check(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Compare the outputs the candidate shared for trial ``index`` with its references, then
+        free the trial (its inputs stay only if it is the timed trial on the CPU backend)."""
+        trial = self.trials.pop(msg["index"])
+        if self.device == "cuda" and trial.shared is not None:  # its run is over (and it could write into it)
+            trial.shared.release()
+            trial.shared = None
+        try:
+            return self._compare(msg["outputs"], trial.refs)
+        finally:
+            trial.refs = None
+            if trial is not self.timed:
+                self._free_trial(trial)
+            _give_back_cached_memory(self.device)
+
+    def timing_inputs(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Share the timed trial's inputs again for the timing loop (a fresh copy: the one shared
+        for its correctness run was the candidate's to write into)."""
+        assert self.timed is not None
+        self._free_timing()
+        _give_back_cached_memory(self.device)
+        if self.timed.shared is not None:  # the CPU backend kept the trusted file
+            return {"inputs": self.timed.shared.header}
+        self.timing_share = self._share(self._fresh(self.timed), "timing_inputs.bin")
+        return {"inputs": self.timing_share.header}
 
     def audit(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Check the saved outputs of one timed call: recreate its perturbed inputs from this
-        worker's own copy of the timed trial's inputs (never the file the candidate read)."""
-        inputs = perturbed(to_device(self.timed_inputs, self.device), msg["noise"], msg["seed"])
-        return self._compare(Path(msg["path"]), self._references(list(inputs)))
+        """Check the outputs the candidate kept from one timed call: its perturbed inputs are made
+        again from the timed trial (never from memory the candidate could write)."""
+        assert self.timed is not None
+        self._free_timing()
+        make = lambda: perturb_(self._fresh(self.timed), msg["noise"], msg["seed"])  # noqa: E731
+        try:
+            return self._compare(msg["outputs"], self._references(make))
+        finally:
+            _give_back_cached_memory(self.device)
 
-    def _references(self, inputs: list) -> References:
-        """fp32 (TF32 off), float64 and, when the policy needs it, TF32-on outputs of the reference.
-        Kept on the device while they fit :data:`DEVICE_REFERENCE_SHARE` (checks then run there),
-        else moved to host memory."""
-        device_inputs = to_device(inputs, self.device)
+    def finish_timing(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Free what the timed trial still holds (after its audits)."""
+        self._free_timing()
+        if self.timed is not None:
+            self._free_trial(self.timed)
+        return {}
+
+    def stats(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """This worker's peak memory so far (host and device)."""
+        return peak_memory(self.device)
+
+    # -- trials ------------------------------------------------------------------------------
+    def _draw_trial(self, trial: _Trial) -> list:
+        """The trial's inputs drawn from its seed, with its kind's change of distribution."""
+        inputs = self._draw_inputs(trial.seed)
+        if trial.kind == "scaled":
+            inputs = [t.mul_(trial.scale) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
+                      for t in inputs]
+        elif trial.kind == "sign_symmetric":
+            generator = torch.Generator(device=self.device)
+            generator.manual_seed(trial.seed ^ 0x5EED)
+            for t in inputs:
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    signs = torch.randint(0, 2, t.shape, device=t.device, generator=generator, dtype=torch.int8)
+                    t.mul_(signs.mul_(2).sub_(1))
+                    del signs
+        return inputs
+
+    def _fresh(self, trial: _Trial) -> list:
+        """A private copy of the trial's inputs, for one reference computation (which may write
+        into it). On CUDA it is drawn again and must match the first draw bit for bit (a problem
+        drawn on the host keeps one private copy instead: drawing there costs a second per GB);
+        on the CPU backend the first draw goes into the input file the candidate maps
+        copy-on-write, and later copies are copy-on-write mappings of that trusted file."""
+        if trial.kept is not None:
+            return clone_tree(trial.kept)
+        if self.device == "cuda" and self.input_source != "device":  # drawn on the host: seconds per GB
+            trial.kept = self._draw_trial(trial)
+            return clone_tree(trial.kept)
+        if self.device != "cuda":
+            if trial.shared is None:
+                inputs = self._draw_trial(trial)
+                trial.shared = self._share(inputs, trial.name)
+                return inputs
+            return list(open_share(trial.shared.header, "cpu", self.io_dir).tree)
+        inputs = self._draw_trial(trial)
+        fingerprints = [self.key(t) if isinstance(t, torch.Tensor) else hash(repr(t)) for t in inputs]
+        if trial.fingerprints is None:
+            trial.fingerprints = fingerprints
+        elif fingerprints != trial.fingerprints:
+            raise NotReproducible("get_inputs() drew different inputs from the same seed")
+        return inputs
+
+    def _share(self, inputs: list, name: str) -> OutgoingShare:
+        try:
+            return share(list(inputs), self.device, self.io_dir, name)
+        except ShareError as exc:
+            raise TypeError(f"get_inputs() returned something that cannot be handed to the candidate: {exc}") from None
+
+    def _free_trial(self, trial: _Trial) -> None:
+        trial.refs = trial.kept = None
+        if trial.shared is not None:
+            trial.shared.release()
+            trial.shared = None
+
+    def _free_timing(self) -> None:
+        if self.timing_share is not None:
+            self.timing_share.release()
+            self.timing_share = None
+
+    def _references(self, fresh: Callable[[], list]) -> References:
+        """float64 first (its float64 inputs and outputs are the largest tensors a trial makes,
+        so nothing else of the trial exists yet), then fp32 with TF32 off, then TF32-on when the
+        policy needs it; each from its own fresh copy of the inputs, laid out contiguously."""
         with torch.no_grad():
-            with tf32_enabled(False):
-                fp32 = self.model(*clone_tree(device_inputs))
             fp64 = None
             if self.model64 is not None and self.fp64_error is None:
                 try:
-                    fp64 = self.model64(*_to_double(clone_tree(device_inputs)))
-                except Exception as exc:  # noqa: BLE001 - an op without a float64 kernel
+                    fp64 = _contiguous(self.model64(*_to_double(fresh())))
+                except NotReproducible:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - an op without a float64 kernel, or no room for it
                     self.fp64_error = f"{type(exc).__name__}: {exc}"
+                    fp64 = None
+                    if self.device == "cuda":
+                        torch.cuda.empty_cache()
+            with tf32_enabled(False):
+                fp32 = _contiguous(self.model(*fresh()))
             ref_tf32 = None
             if self.policy.needs_tf32_reference and self.device == "cuda":
                 with tf32_enabled(True):
-                    ref_tf32 = self.model(*clone_tree(device_inputs))
-        refs = References(fp32, fp64, ref_tf32)
-        if self.device != "cuda":
-            return refs
-        held = tree_bytes([fp32, fp64, ref_tf32])
-        if self.device_reference_bytes + held <= DEVICE_REFERENCE_SHARE * _device_memory_bytes():
-            self.device_reference_bytes += held
-            return refs
-        refs = References(*(to_device(tree, "cpu") for tree in (fp32, fp64, ref_tf32)))
-        torch.cuda.empty_cache()
-        return refs
+                    ref_tf32 = _contiguous(self.model(*fresh()))
+        return References(fp32, fp64, ref_tf32)
 
-    def check(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Compare the candidate's saved outputs for trial ``index`` with the references."""
-        return self._compare(Path(msg["path"]), self.refs[msg["index"]])
-
-    def _compare(self, path: Path, refs: References) -> dict[str, Any]:
-        """Load the candidate's outputs where the references are and compare them there."""
-        device = next((t.device for t in tensors_in(refs.fp32)), torch.device("cpu"))
+    def _compare(self, header: Any, refs: References) -> dict[str, Any]:
+        """Map the candidate's shared outputs and compare them with ``refs`` in place."""
         try:
-            outputs = tensor_io.load(path, device)
-        except (tensor_io.TensorFormatError, OSError) as exc:
+            outputs: IncomingShare | None = open_share(header, self.device, self.out_dir)
+        except ShareError as exc:
             return {"passed": False, "message": f"candidate outputs unreadable: {exc}"}
-        result = self.policy.compare(outputs, refs)
+        try:
+            result = self.policy.compare(outputs.tree, refs)
+        finally:
+            outputs.close()
         return {"passed": result.passed, "message": result.message, "max_abs_err": result.max_abs_err,
                 "error_ratio": result.error_ratio, "fallback": result.fallback}
 
@@ -242,13 +379,22 @@ class ReferenceWorker:
         return self.public_inputs[1]
 
     def _draw_inputs(self, seed: int) -> list:
-        """``get_inputs()`` under ``seed``: on the CPU and then moved, as KernelBench draws them, or,
-        when the task was loaded with ``draw_on_device`` (synthesis, which needs only the
-        distribution), directly on the device."""
+        """``get_inputs()`` under ``seed``, with the device as the default device. A problem whose
+        ``get_inputs()`` cannot run that way (it fails, or returns host tensors: numpy, explicit
+        CPU tensors) is drawn on the host and moved, as KernelBench draws every problem; the
+        first such draw says so in :attr:`input_source` (the verdict's notes)."""
         seed_all(seed)
-        if self.draw_on_device:
-            with torch.device(self.device):
-                return list(self.module.get_inputs())
+        if self.input_source == "device":
+            try:
+                with torch.device(self.device):
+                    inputs = list(self.module.get_inputs())
+                if all(t.device.type == torch.device(self.device).type for t in tensors_in(inputs)):
+                    return inputs
+                reason = "it returned host tensors"
+            except Exception as exc:  # noqa: BLE001 - any failure sends this problem to the host path
+                reason = f"it raised {type(exc).__name__}: {str(exc)[:200]}"
+            self.input_source = f"host: get_inputs() does not run with {self.device} as the default device ({reason})"
+            seed_all(seed)
         return to_device(list(self.module.get_inputs()), self.device)
 
     def footprint(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -303,8 +449,21 @@ def _driver_version() -> str:
         return "unknown"
 
 
-def _device_memory_bytes() -> int:
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+def _give_back_cached_memory(device: str) -> None:
+    """Return the allocator's cached blocks to the device once a trial is done with: the other
+    worker's next allocation (GPU-sized outputs, timing copies) must find the memory free, not
+    reserved here."""
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _memory_room(device: str) -> dict[str, int]:
+    """Free and total bytes of the device the evaluation runs on (on CUDA; the CPU backend's
+    room is the host's, which the trusted parent reads itself)."""
+    if device != "cuda":
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"device_free_bytes": int(free), "device_total_bytes": int(total)}
 
 
 def _cpu_model() -> str:
@@ -322,9 +481,10 @@ def _cpu_model() -> str:
 
 def main() -> None:
     worker = ReferenceWorker()
-    serve({"warm": worker.warm, "write_inputs": worker.write_inputs, "load": worker.load, "make_inputs": worker.make_inputs, "check": worker.check, "audit": worker.audit,
-           "baselines": worker.baselines, "compile": worker.compile, "footprint": worker.footprint,
-           "probe": worker.probe, "degeneracy": worker.degeneracy})
+    serve({"warm": worker.warm, "load": worker.load, "make_trial": worker.make_trial, "check": worker.check,
+           "timing_inputs": worker.timing_inputs, "audit": worker.audit, "finish_timing": worker.finish_timing,
+           "stats": worker.stats, "baselines": worker.baselines, "compile": worker.compile,
+           "footprint": worker.footprint, "probe": worker.probe, "degeneracy": worker.degeneracy})
 
 
 if __name__ == "__main__":

@@ -30,7 +30,8 @@ logger = logging.getLogger(__name__)
 
 def default_scratch_root() -> Path:
     """Where evaluations put their temporary files unless ``EvalConfig.scratch_dir`` says otherwise:
-    /dev/shm when writable (inputs and outputs are memory-speed files), else the temp dir."""
+    /dev/shm when writable (the CPU backend's shared inputs and outputs are memory-speed files
+    both workers map), else the temp dir."""
     shm = Path("/dev/shm")
     if shm.is_dir() and os.access(shm, os.W_OK):
         return shm
@@ -46,8 +47,9 @@ class WorkerSlot:
     """One evaluation's scratch folder, sandbox lease and blank workers.
 
     Layout of ``scratch``: ``task/`` and ``io/`` (written by the trusted side, read-only to the
-    candidate), ``solution/`` (a root-owned copy of the candidate's Python files), ``candidate/``
-    (its workdir) and ``out/`` (its outputs), the last two owned by the sandbox user.
+    candidate: the task file, and on the CPU backend the shared input files), ``solution/`` (a
+    root-owned copy of the candidate's Python files), ``candidate/`` (its workdir) and ``out/``
+    (on the CPU backend, the output files it shares back), the last two owned by the sandbox user.
     """
 
     def __init__(self, config: EvalConfig, warm_device: bool = True) -> None:
@@ -186,6 +188,11 @@ class Prestarter:
         slot = self._ready.get()
         self._wanted.release()  # start the next one now, while this one is used
         return slot
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """Wait until a slot is started and warm, ready to be taken (False: none within the time)."""
+        with self._ready.not_empty:
+            return self._ready.not_empty.wait_for(lambda: self._ready._qsize() > 0, timeout_s)
 
     @contextlib.contextmanager
     def quiet_device(self) -> Iterator[None]:

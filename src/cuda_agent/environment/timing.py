@@ -107,21 +107,49 @@ def make_timer(device: str, config: TimingConfig, host_clock: bool = False) -> T
     return HostSyncTimer(config.flush_l2) if host_clock else CudaTimer(config.flush_l2)
 
 
+PERTURB_CHUNK_ELEMENTS = 1 << 24
+"""Noise factors drawn at once: perturbing a 6 GB input needs a 64 MB temporary, not 6 GB more."""
+
+
 def perturbed(inputs: list, noise: float, seed: int) -> tuple:
     """``inputs`` with every floating-point element multiplied by its own factor drawn uniformly
-    from ``1 ± noise`` (a generator seeded with ``seed`` on the tensor's device: the reference
-    worker reproduces the exact values). Signs and domains are kept; other leaves are cloned."""
+    from ``1 ± noise`` (a generator seeded with ``seed`` on the tensor's device, drawn chunk by
+    chunk: the reference worker reproduces the exact values, see :func:`perturb_`). The copies are
+    contiguous; signs and domains are kept; other leaves are cloned."""
     out = []
     for i, t in enumerate(inputs):
         if isinstance(t, torch.Tensor) and t.is_floating_point():
-            generator = torch.Generator(device=t.device)
-            generator.manual_seed((seed + i) % 2**63)
-            factor = torch.empty(t.shape, dtype=torch.float32, device=t.device)
-            factor.uniform_(1.0 - noise, 1.0 + noise, generator=generator)
-            out.append((t * factor).to(t.dtype))
+            result = torch.empty(t.shape, dtype=t.dtype, device=t.device)
+            source, flat = t.reshape(-1), result.view(-1)
+            for part, factor in _noise_factors(source, noise, seed + i):
+                flat[part] = source[part] * factor
+            out.append(result)
         else:
             out.append(clone_tree(t))
     return tuple(out)
+
+
+def perturb_(inputs: list, noise: float, seed: int) -> list:
+    """:func:`perturbed` in place, bit for bit: for the reference's own private copy of an input
+    set, which then costs no second copy (its contiguous floating-point tensors are changed)."""
+    for i, t in enumerate(inputs):
+        if isinstance(t, torch.Tensor) and t.is_floating_point():
+            if not t.is_contiguous():
+                t = inputs[i] = t.contiguous()
+            flat = t.view(-1)
+            for part, factor in _noise_factors(flat, noise, seed + i):
+                flat[part] *= factor
+    return inputs
+
+
+def _noise_factors(flat: torch.Tensor, noise: float, seed: int):
+    """``(slice, factors)`` over ``flat``, the factors drawn chunk by chunk from one generator."""
+    generator = torch.Generator(device=flat.device)
+    generator.manual_seed(seed % 2**63)
+    for start in range(0, flat.numel(), PERTURB_CHUNK_ELEMENTS):
+        part = slice(start, min(start + PERTURB_CHUNK_ELEMENTS, flat.numel()))
+        factor = torch.empty(part.stop - part.start, dtype=torch.float32, device=flat.device)
+        yield part, factor.uniform_(1.0 - noise, 1.0 + noise, generator=generator)
 
 
 class FreshInputs:
@@ -188,8 +216,8 @@ def measure(fn: Call, timer: Timer, config: TimingConfig,
         args = arg_sets(1)  # timed like the samples, so the flush and syncs warm up too
         elapsed, outputs = timer.time_calls(fn, args)
         warmup_ms.append(elapsed)
-    call_bytes = tree_bytes(args) + tree_bytes(outputs)
-    del args, outputs
+        call_bytes = tree_bytes(args) + tree_bytes(outputs)
+        del args, outputs  # before the next call's inputs exist: one call's worth held at a time
     calls = batch_size(min(warmup_ms), call_bytes, config)
     if calls > 1:  # a single call's time includes a whole synchronisation: size again from one batch
         elapsed, outputs = timer.time_calls(fn, arg_sets(calls))

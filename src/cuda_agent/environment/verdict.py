@@ -106,6 +106,13 @@ class Verdict:
     notes: list[str] = field(default_factory=list)  # non-fatal findings (weights, fallbacks)
     phase_seconds: dict[str, float] = field(default_factory=dict)
     environment: dict[str, str] = field(default_factory=dict)
+    problem_bytes: dict[str, int | None] = field(default_factory=dict)
+    """The problem's size, measured before anything was allocated: ``input_bytes``,
+    ``largest_input_bytes``, ``output_bytes`` (None when unknown), ``parameter_bytes``."""
+    memory_mb: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Memory per worker (``reference``, ``candidate``): ``loaded_host_mb`` (resident once its code
+    and model are loaded, before any input exists) and ``peak_host_mb`` (resident at its highest),
+    both read by the trusted parent, and on CUDA ``peak_device_mb`` (as the worker reports it)."""
 
     def to_json_dict(self) -> dict[str, Any]:
         """Plain JSON-safe data: non-finite floats (an error ratio of inf) become ``None``, and text

@@ -50,7 +50,8 @@ class WorkerTimeout(WorkerError):
 
 
 class WorkerMemoryExceeded(WorkerError):
-    """The worker's resident memory exceeded its limit and it was killed."""
+    """The worker's own memory (anonymous resident memory: what it allocated, not the shared
+    memory the harness maps into it) exceeded its limit and it was killed."""
 
 
 class WorkerDiskExceeded(WorkerError):
@@ -117,7 +118,12 @@ class WorkerProcess:
         self.module = module
         self.log_path = log_path
         self.mem_mb = mem_mb
+        """Limit on the worker's anonymous resident memory; the evaluator may raise it once it
+        knows what the harness itself will hold in the worker."""
         self.disk_dirs, self.disk_mb = disk_dirs, disk_mb
+        self.last_rss_mb = 0.0
+        """The worker's anonymous resident memory when last sampled (what it held before dying)."""
+        self._oom_kills_at_start = oom_kill_count()
         to_child_r, self._to_child_w = os.pipe()
         self._from_child_r, from_child_w = os.pipe()
         self._buffer = b""
@@ -207,7 +213,9 @@ class WorkerProcess:
             chunk = os.read(self._from_child_r, 1 << 20)
             if not chunk:
                 self.proc.wait()
-                self._fail(WorkerDied, f"worker {signal_name(self.proc.returncode)} during {op!r}")
+                self._fail(WorkerDied, f"worker {signal_name(self.proc.returncode)} during {op!r}"
+                                       + (" (out of memory: the kernel's out-of-memory killer ended it, holding "
+                                          f"{self.last_rss_mb:.0f} MB)" if self.oom_killed() else ""))
             self._buffer += chunk
             if len(self._buffer) > _MAX_MESSAGE_BYTES:
                 self._fail(WorkerProtocolError, f"reply to {op!r} exceeds {_MAX_MESSAGE_BYTES} bytes")
@@ -221,15 +229,37 @@ class WorkerProcess:
         return reply
 
     def _check_limits(self) -> None:
-        if self.mem_mb is not None:
-            rss_mb = _rss_mb(self.proc.pid)
-            if rss_mb is not None and rss_mb > self.mem_mb:
+        rss_mb = _status_mb(self.proc.pid, "RssAnon")
+        if rss_mb is not None:
+            self.last_rss_mb = rss_mb
+            if self.mem_mb is not None and rss_mb > self.mem_mb:
                 self._fail(WorkerMemoryExceeded, f"worker used {rss_mb:.0f} MB, over its {self.mem_mb} MB limit")
         if self.disk_mb is not None and self.disk_dirs:
             written_mb = _tree_bytes(self.disk_dirs, self.disk_mb * 1024 * 1024) / 2**20
             if written_mb > self.disk_mb:
                 self._fail(WorkerDiskExceeded, f"worker wrote over {self.disk_mb} MB into its folders "
                                                f"({written_mb:.0f} MB seen), over its limit")
+
+    def oom_killed(self) -> bool:
+        """Whether the worker died of SIGKILL while the kernel's out-of-memory killer struck in
+        this process's memory cgroup (the cgroup's ``oom_kill`` count rose since it started)."""
+        if self.proc.returncode != -signal.SIGKILL:
+            return False
+        count = oom_kill_count()
+        return count is not None and self._oom_kills_at_start is not None and count > self._oom_kills_at_start
+
+    @property
+    def idle(self) -> bool:
+        """Alive, with no request waiting for its reply."""
+        return self.proc.poll() is None and not self._pending and self._to_child_w >= 0
+
+    def peak_rss_mb(self) -> float | None:
+        """The worker's peak resident memory so far (``VmHWM``; None once it is gone)."""
+        return _status_mb(self.proc.pid, "VmHWM")
+
+    def rss_mb(self) -> float | None:
+        """The worker's resident memory now (``VmRSS``; None once it is gone)."""
+        return _status_mb(self.proc.pid, "VmRSS")
 
     def _fail(self, exc_type: type[WorkerError], message: str) -> None:
         self.kill()
@@ -311,15 +341,64 @@ def _tree_bytes(roots: tuple[Path, ...], stop_at: int, max_entries: int = 100_00
     return total
 
 
-def _rss_mb(pid: int) -> float | None:
+def _status_mb(pid: int, field: str) -> float | None:
+    """A memory figure (kB in the file) of ``/proc/<pid>/status`` in MB, None when unreadable."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(f"{field}:"):
                     return int(line.split()[1]) / 1024
-    except OSError:
+    except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def available_host_bytes() -> int:
+    """Host memory available to new allocations now (``MemAvailable``; the total where unreadable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def oom_kill_count() -> int | None:
+    """How many processes the kernel's out-of-memory killer ended in this process's memory cgroup
+    (cgroup v2 ``memory.events``, or v1 ``memory.oom_control``); None where neither is readable."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            entries = [line.strip().split(":", 2) for line in f]
+    except OSError:
+        return None
+    candidates = [f"/sys/fs/cgroup{path}/memory.events" for hierarchy, _, path in entries if hierarchy == "0"]
+    candidates += [f"/sys/fs/cgroup/memory{path}/memory.oom_control" for _, controllers, path in entries
+                   if "memory" in controllers.split(",")]
+    candidates.append("/sys/fs/cgroup/memory/memory.oom_control")  # a container's own v1 root
+    for candidate in candidates:
+        try:
+            with open(candidate) as f:
+                for line in f:
+                    if line.startswith("oom_kill "):
+                        return int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
+
+
+def peak_memory(device: str) -> dict[str, float]:
+    """Worker side: this process's peak host memory and, on CUDA, its peak device memory (torch's
+    allocator and the shared blocks allocated beside it) in MB."""
+    peak = {"peak_host_mb": _status_mb(os.getpid(), "VmHWM") or 0.0}
+    if device == "cuda":
+        import torch
+
+        from cuda_agent.environment.cuda_ipc import peak_block_bytes
+
+        peak["peak_device_mb"] = (torch.cuda.max_memory_allocated() + peak_block_bytes()) / 2**20
+    return peak
 
 
 def cap_address_space(limit_mb: int) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
+from collections import Counter
 from pathlib import Path
 from typing import Any, Optional
 
@@ -19,13 +21,15 @@ from cuda_agent.cli_output import BAR_COLUMNS, WrappingTable, step_progress
 from cuda_agent.cli_support import (
     PRESET_HELP, build_eval_config, console, err_console, fail_usage, require_local_device,
 )
-from cuda_agent.environment import POLICIES, EvalConfig
+from cuda_agent.environment import POLICIES
 from cuda_agent.environment.presets import describe
 from cuda_agent.evaluate.metrics import GroupMetrics, benchmark_metrics
 from cuda_agent.evaluate.policy import DEFAULT_TURNS
-from cuda_agent.evaluate.store import HARNESS_ERROR, STORE_FILE, ResultRecord, ResultsStore, StoreError
-from cuda_agent.evaluate.tasks import EvalTask, SolutionMatch, TaskSetError, load_task_set, match_solutions
-from cuda_agent.pool import BACKENDS, PoolConfig, PoolConfigError, open_pool
+from cuda_agent.evaluate.runner import (
+    AgentSpec, RunError, RunEvents, RunSpec, RunSummary, run_benchmark, selfcheck_config,
+)
+from cuda_agent.evaluate.store import ResultRecord, StoreError
+from cuda_agent.pool import BACKENDS, PoolConfig, PoolConfigError
 
 EXIT_INCOMPLETE = 1
 
@@ -37,33 +41,6 @@ def _pool_config(backend: str, address: Optional[str], token: Optional[str], wor
                           gpus=tuple(g.strip() for g in gpus.split(",")) if gpus else ())
     except PoolConfigError as exc:
         fail_usage(str(exc))
-
-
-def _solutions_for(tasks: list[EvalTask], solutions: Optional[Path], policy: Optional[PolicySpec],
-                   agent: dict[str, Any], episodes: int, out: Path, config: EvalConfig, solution_rule: str) -> Path:
-    """The folder of solutions to evaluate: the given one, or the one the agent fills for a policy."""
-    if solutions is not None:
-        return solutions
-    if episodes < 1:
-        fail_usage(f"--episodes must be >= 1, got {episodes}")
-    from cuda_agent.agent import AgentConfig, AgentConfigError
-    from cuda_agent.agent.optimize import SOLUTION_RULES
-    from cuda_agent.evaluate.policy import run_agent, tasks_without_solution
-
-    if solution_rule not in SOLUTION_RULES:
-        fail_usage(f"--solution {solution_rule!r} is unknown; valid: {', '.join(SOLUTION_RULES.names())}")
-    folder = out / "solutions"
-    todo = tasks_without_solution(tasks, folder)
-    err_console.print(f"agent: {len(todo)} of {len(tasks)} tasks to solve with the {policy.name} policy "
-                      f"({agent['max_turns']} turns each, {episodes} episodes at once; scored solution: {solution_rule})")
-    try:
-        failures = run_agent(todo, policy, AgentConfig.from_dict(agent, "agent options"), folder, config, episodes,
-                             solution_rule)
-    except (AgentConfigError, ValueError) as exc:  # a policy that cannot be made (bad model, endpoint, script)
-        fail_usage(f"cannot run the {policy.name} policy: {exc}")
-    for key, error in failures:
-        err_console.print(f"[yellow]agent episode for {key} failed ({error}); it counts as failed, a rerun retries it")
-    return folder
 
 
 def eval_command(
@@ -84,7 +61,7 @@ def eval_command(
     solution: str = AGENT_OPTIONS["solution"],
     workdir_style: Optional[str] = AGENT_OPTIONS["workdir_style"], skill: Optional[Path] = AGENT_OPTIONS["skill"],
     out: Optional[Path] = typer.Option(None, help="Run folder (results store, reports); rerunning continues it "
-                                                  "[default: runs/eval-<solutions folder name>]."),
+                                                  "(default: runs/eval-<solutions folder name>)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object of metrics per level and overall."),
     device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if a GPU is visible, else cpu)."),
     precision: Optional[str] = typer.Option(None, help=f"Precision policy: {', '.join(POLICIES.names())}."),
@@ -109,92 +86,133 @@ def eval_command(
     pool_config = _pool_config(backend, address, token, workers, gpus, compile_workers)
     if pool_config.backend == "local":
         require_local_device(eval_config)
-    levels = tuple(sorted(set(level or ())))
-    try:
-        task_set = load_task_set(tasks, levels)
-    except TaskSetError as exc:
-        fail_usage(str(exc))
-    run_dir = out or Path("runs") / f"eval-{(solutions or Path('policy')).resolve().name}"
     if (solutions is None) == (policy is None):
         fail_usage("give exactly one of --solutions DIR (evaluate a folder) or --policy NAME (run the agent first)")
-    spec = None
+    agent = None
     if policy is not None:
         if policy not in AGENT_POLICIES:
             fail_usage(f"unknown policy {policy!r}; valid: {', '.join(AGENT_POLICIES.names())}")
-        spec = PolicySpec(policy, model=model, base_url=base_url, replay=replay, tool_protocol=tool_protocol)
-    agent = {"max_turns": turns, **{k: v for k, v in {"workdir_style": workdir_style, "skill_path": skill}.items()
-                                    if v is not None}}
-    solutions_dir = _solutions_for(task_set, solutions, spec, agent, episodes, run_dir, eval_config, solution)
-    try:
-        match = match_solutions(task_set, solutions_dir)
-    except TaskSetError as exc:
-        fail_usage(str(exc))
-    store = _open_run(run_dir, task_set, match, tasks, levels, solutions_dir, policy, eval_config, pool_config)
-    _evaluate_with_progress(store, run_dir, task_set, match, eval_config, pool_config, json_out)
-    records = store.records(run_dir.name)
-    metrics = benchmark_metrics([r.outcome() for r in records])
+        options = {"max_turns": turns, **{k: v for k, v in {"workdir_style": workdir_style, "skill_path": skill}.items()
+                                          if v is not None}}
+        agent = AgentSpec(PolicySpec(policy, model=model, base_url=base_url, replay=replay, tool_protocol=tool_protocol),
+                          options, episodes, solution)
+    run_dir = out or Path("runs") / f"eval-{(solutions or Path('policy')).resolve().name}"
+    spec = RunSpec(run_dir, tasks, tuple(sorted(set(level or ()))), eval_config, pool_config, solutions=solutions,
+                   agent=agent)
+    summary = run_with_progress(spec, json_out)
+    metrics = benchmark_metrics([r.outcome() for r in summary.records])
     if json_out:
-        print(json.dumps(metrics_json(metrics, store.run(run_dir.name).info, run_dir), allow_nan=False))
+        print(json.dumps(metrics_json(metrics, summary.info, run_dir), allow_nan=False))
     else:
         console.print(metrics_table(metrics, f"{run_dir}: {eval_config.device}; {describe(eval_config)}"))
-        console.print(f"results: {store.path} (report: cuda-agent report {run_dir})")
-    if any(r.status == HARNESS_ERROR for r in records):
+        console.print(f"results: {summary.store_path} (report: cuda-agent report {run_dir})")
+    exit_if_incomplete(summary)
+
+
+def run_with_progress(spec: RunSpec, quiet: bool) -> RunSummary:
+    """:func:`run_benchmark` with a progress bar (a line per finished task off a terminal) and its
+    messages on stderr; a run that cannot start is a usage error."""
+    progress = step_progress(*BAR_COLUMNS, TimeRemainingColumn(), disable=quiet)
+    state = {"bar": None, "correct": 0}
+
+    def start(total: int, done: int) -> None:
+        state["bar"] = progress.add_task("evaluating", total=total, completed=done)
+
+    def result(record: ResultRecord) -> None:
+        state["correct"] += record.correct
+        progress.update(state["bar"], advance=1, description=f"evaluating ({state['correct']} correct this session)")
+
+    events = RunEvents(note=lambda message: err_console.print(message, markup=False, highlight=False),
+                       start=start, result=result)
+    try:
+        with progress:
+            return run_benchmark(spec, events)
+    except RunError as exc:
+        fail_usage(str(exc))
+
+
+def exit_if_incomplete(summary: RunSummary) -> None:
+    if summary.harness_errors:
         err_console.print("[yellow]some tasks have no verdict (their worker failed); rerun the same command to "
                           "retry them[/yellow]")
         raise typer.Exit(EXIT_INCOMPLETE)
 
 
-def _open_run(run_dir: Path, task_set: list[EvalTask], match: SolutionMatch, tasks: Path, levels: tuple[int, ...],
-              solutions_dir: Path, policy: Optional[str], eval_config: EvalConfig,
-              pool_config: PoolConfig) -> ResultsStore:
-    """The run's store, with the run started (or checked to continue under the same settings)."""
-    from cuda_agent.evaluate.runner import run_settings
+def tasks_check_command(
+    tasks: Path = typer.Argument(..., help="KernelBench checkout (or one of its level folders), a folder of problem "
+                                           "files, or a .parquet/.jsonl dataset."),
+    level: Optional[list[int]] = typer.Option(None, help="KernelBench level to check (repeatable; default: 1, 2 and 3)."),
+    out: Optional[Path] = typer.Option(None, help="Run folder (results store); rerunning continues it "
+                                                  "(default: runs/check-<task set name>)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object: a row per problem and the counts."),
+    device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if a GPU is visible, else cpu)."),
+    config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
+    workers: int = typer.Option(0, help="Evaluation workers (0: one per GPU; 1 on cpu)."),
+    gpus: Optional[str] = typer.Option(None, help="GPUs to use, e.g. 0,1 (default: all visible)."),
+) -> None:
+    """The harness's self-check: every problem's reference judged as its own candidate, through the
+    same workers, trials and timing as any solution (guards off, since the reference is PyTorch).
+    A problem that does not come out correct is one the harness cannot judge here. Per problem:
+    status, input and output size, each worker's peak memory, eager and torch.compile times with
+    TF32 off and on (a baseline table for this GPU), seconds per phase. Resumable.
 
-    store = ResultsStore(run_dir / STORE_FILE)
-    info = {"tasks": str(tasks), "solutions": str(solutions_dir), "policy": policy, "device": eval_config.device,
-            "precision": eval_config.verify.precision, "preset": eval_config.preset,
-            "protocol": describe(eval_config), "backend": pool_config.backend,
-            "unmatched_solutions": [str(p) for p in match.unmatched]}
-    try:
-        store.start_run(run_dir.name, run_settings(tasks, levels, solutions_dir, task_set, eval_config), info)
-    except StoreError as exc:
-        fail_usage(str(exc))
-    return store
-
-
-def _evaluate_with_progress(store: ResultsStore, run_dir: Path, task_set: list[EvalTask], match: SolutionMatch,
-                            eval_config: EvalConfig, pool_config: PoolConfig, quiet: bool) -> None:
-    from cuda_agent.evaluate.runner import evaluate_plans, plan_run, still_to_do
-
-    plans = plan_run(task_set, match.by_task)
-    todo = still_to_do(store, run_dir.name, plans)
-    _announce(task_set, match, run_dir, len(plans) - len(todo))
-    progress = step_progress(*BAR_COLUMNS, TimeRemainingColumn(), disable=quiet)
-    with progress:
-        bar = progress.add_task("evaluating", total=len(plans), completed=len(plans) - len(todo))
-        correct = 0
-
-        def advance(record: ResultRecord) -> None:
-            nonlocal correct
-            correct += record.correct
-            progress.update(bar, advance=1, description=f"evaluating ({correct} correct this session)")
-
-        try:
-            with open_pool(eval_config, pool_config) as pool:
-                evaluate_plans(store, run_dir.name, todo, pool, advance)
-        except PoolConfigError as exc:
-            fail_usage(str(exc))
+    Exit status 0 when every problem has a result, 1 when some could not be evaluated (rerun to
+    retry them), 2 on bad usage.
+    """
+    eval_config = selfcheck_config(build_eval_config(device, config, None))
+    require_local_device(eval_config)
+    pool_config = _pool_config("local", None, None, workers, gpus, 0)
+    run_dir = out or Path("runs") / f"check-{tasks.resolve().name}"
+    spec = RunSpec(run_dir, tasks, tuple(sorted(set(level or ()))), eval_config, pool_config, selfcheck=True)
+    started = time.monotonic()
+    summary = run_with_progress(spec, json_out)
+    rows = [selfcheck_row(record) for record in summary.records]
+    counts = dict(Counter(row["status"] for row in rows))
+    if json_out:
+        print(json.dumps({"problems": rows, "counts": counts, "wall_s": time.monotonic() - started,
+                          "run": {"dir": str(run_dir), **summary.info}}, allow_nan=False))
+    else:
+        console.print(selfcheck_table(rows, f"{run_dir}: self-check on {eval_config.device}"))
+        console.print(", ".join(f"{n} {status}" for status, n in sorted(counts.items())) + f" of {len(rows)} problems")
+    exit_if_incomplete(summary)
 
 
-def _announce(task_set: list[EvalTask], match: SolutionMatch, run_dir: Path, done: int) -> None:
-    missing = sum(path is None for path in match.by_task.values())
-    unloaded = sum(t.task is None for t in task_set)
-    err_console.print(f"{len(task_set)} tasks, {match.n_found} solutions ({missing} missing, counted as failed)"
-                      + (f", {unloaded} tasks do not load" if unloaded else "")
-                      + (f"; continuing {run_dir}: {done} already done" if done else f"; results in {run_dir}"))
-    if match.unmatched:
-        names = ", ".join(p.name for p in match.unmatched[:5]) + (" ..." if len(match.unmatched) > 5 else "")
-        err_console.print(f"[yellow]{len(match.unmatched)} entries of the solutions folder match no task:[/yellow] {names}")
+def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
+    """One problem of a self-check: its verdict's status, sizes, memory, baselines and phases."""
+    verdict = record.verdict or {}
+    sizes = verdict.get("problem_bytes") or {}
+    baselines = verdict.get("baselines") or {}
+    return {"task": record.task_key, "status": record.status, "error": record.error,
+            "input_gb": _gb(sizes.get("input_bytes")), "output_gb": _gb(sizes.get("output_bytes")),
+            "memory_mb": verdict.get("memory_mb") or {},
+            "baseline_ms": {name: stats["median_ms"] for name, stats in baselines.items()},
+            "phase_seconds": verdict.get("phase_seconds") or {}}
+
+
+def _gb(nbytes: Optional[int]) -> Optional[float]:
+    return None if nbytes is None else nbytes / 1e9
+
+
+def selfcheck_table(rows: list[dict[str, Any]], title: str) -> Table:
+    table = WrappingTable(title=title)
+    for column in ("task", "status", "in GB", "out GB", "ref host/dev GB", "cand host/dev GB",
+                   "eager ms off/on", "compile ms off/on", "verdict s"):
+        table.add_column(column, justify="left" if column in ("task", "status") else "right")
+
+    def pair(a: Optional[float], b: Optional[float], scale: float = 1.0) -> str:
+        return "/".join("—" if v is None else f"{v * scale:.3g}" for v in (a, b))
+
+    for row in rows:
+        memory, ms = row["memory_mb"], row["baseline_ms"]
+        workers = [pair(memory.get(w, {}).get("peak_host_mb"), memory.get(w, {}).get("peak_device_mb"), 2**20 / 1e9)
+                   for w in ("reference", "candidate")]
+        total = row["phase_seconds"].get("total")
+        table.add_row(row["task"], row["status"], pair(row["input_gb"], None).split("/")[0],
+                      pair(row["output_gb"], None).split("/")[0], *workers,
+                      pair(ms.get("eager_tf32_off"), ms.get("eager_tf32_on")),
+                      pair(ms.get("compile_tf32_off"), ms.get("compile_tf32_on")),
+                      "—" if total is None else f"{total:.3g}")
+    return table
 
 
 def metrics_json(metrics: dict[str, GroupMetrics], info: dict[str, Any], run_dir: Path) -> dict[str, Any]:

@@ -1,0 +1,107 @@
+"""On the GPU: inputs are made on the device and made again bit for bit from their seed, tensors
+pass device to device across the candidate's sandbox, and what the candidate is handed holds its
+inputs and nothing of the reference's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cuda_agent.environment import Status
+from cuda_agent.environment.config import LimitsConfig, SandboxConfig
+from cuda_agent.environment.cuda_ipc import allocation_range
+from cuda_agent.environment.reference_worker import ReferenceWorker
+from cuda_agent.environment.shared_tensors import share
+from cuda_agent.environment.worker import child_env
+
+from support import EXAMPLES
+
+pytestmark = pytest.mark.gpu
+
+RELU_TASK = EXAMPLES / "tasks" / "relu.py"
+RELU_SOLUTION = EXAMPLES / "solutions" / "cuda" / "relu.py"
+
+
+def test_inputs_are_made_on_the_device_and_made_again_bit_for_bit_from_their_seed(tmp_path: Path) -> None:
+    worker = ReferenceWorker()
+    worker.warm({"device": "cuda"})
+    worker.load({"task_file": str(RELU_TASK), "device": "cuda", "init_seed": 42, "precision": "faithful",
+                 "io_dir": str(tmp_path), "out_dir": str(tmp_path)})
+    made = worker.make_trial({"index": 0, "kind": "standard", "seed": 1234, "timed": True, "scale": 4.0})
+    assert made["input_source"] == "device" and made["notes"] == []
+    trial = worker.trials[0]
+    again = worker._fresh(trial)  # raises NotReproducible if a redraw differs in any bit
+    assert all(t.is_cuda for t in again)
+    other = worker._draw_trial(type(trial)(seed=1235, kind="standard", scale=1.0, name="x"))
+    assert worker.key(other[0]) != trial.fingerprints[0]
+
+
+def test_a_verdict_passes_tensors_device_to_device_across_the_sandbox(run_evaluation, make_cuda_config) -> None:
+    verdict = run_evaluation(RELU_TASK, RELU_SOLUTION, make_cuda_config())
+    assert verdict.status is Status.CORRECT, verdict.error
+    assert verdict.environment["transport"].startswith("CUDA IPC")
+    assert not any(note.startswith("inputs: drawn on the host") for note in verdict.notes)
+    if os.geteuid() == 0:
+        assert verdict.environment["sandbox"].startswith("uid ")
+    assert verdict.memory_mb["reference"]["peak_device_mb"] > 0 and verdict.memory_mb["candidate"]["peak_device_mb"] > 0
+
+
+def test_the_block_handed_over_holds_the_inputs_and_no_other_memory_of_the_sender() -> None:
+    reference_output = torch.randn(1 << 20, device="cuda")  # what a candidate must never reach
+    inputs = [torch.randn(1000, device="cuda"), torch.randint(0, 9, (7,), device="cuda")]
+    shared = share(inputs, "cuda")
+    start = shared.header["tree"]["items"][0]["offset"]
+    block = shared._region._block
+    base, size = allocation_range(block.address)
+    [region] = shared.header["regions"]
+    assert start == 0 and region["nbytes"] <= size < region["nbytes"] + 2**21
+    assert not base <= reference_output.data_ptr() < base + size
+    shared.release()
+
+
+_CHILD = r"""
+import json, sys, torch
+from cuda_agent.environment.shared_tensors import open_share
+header = json.loads(sys.stdin.read())
+opened = open_share(header, "cuda")
+x = opened.tree[0]
+total = float(x.sum())
+x.fill_(7.0)
+torch.cuda.synchronize()
+print(json.dumps({"sum": total, "uid": __import__("os").getuid()}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox switches users only as root")
+def test_a_sandboxed_process_opens_a_shared_block_reads_it_and_its_writes_land_in_place() -> None:
+    import shutil
+    import tempfile
+
+    from cuda_agent.environment import sandbox
+
+    data = torch.arange(1024, dtype=torch.float32, device="cuda")
+    shared = share([data], "cuda")
+    scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-test-", dir="/dev/shm"))
+    (scratch / "candidate").mkdir()
+    scratch.chmod(0o711)
+    lease = sandbox.acquire(SandboxConfig(), "cuda", scratch)
+    lease.give_to_candidate(scratch / "candidate")
+    try:
+        done = subprocess.run([sys.executable, "-c", _CHILD], input=json.dumps(shared.header), capture_output=True,
+                              text=True, env=child_env(), cwd=scratch / "candidate", timeout=120,
+                              preexec_fn=lease.preexec(LimitsConfig(), scratch / "candidate"))
+    finally:
+        lease.release()
+        shutil.rmtree(scratch, ignore_errors=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    reply = json.loads(done.stdout.strip().splitlines()[-1])
+    assert reply["uid"] == lease.uid and reply["sum"] == float(data.sum())
+    [written] = shared.view().tree  # the sender's own view of its block
+    assert bool((written == 7.0).all())
+    shared.release()
