@@ -56,6 +56,14 @@ def test_run_with_a_time_limit_saves_what_it_decided_and_resumes(cli, cli_env, c
         _synth(cli, cli_env, "stats", tmp_path, "--json").stdout)["decided"] >= 1
 
 
+def test_card_of_the_bundled_sample_says_what_it_cannot_know(cli, cli_env, tmp_path: Path) -> None:
+    made = _synth(cli, cli_env, "card", EXAMPLES / "data" / "synth-h100-sample", "--out", tmp_path / "README.md")
+    assert made.returncode == 0, made.stderr
+    card = (tmp_path / "README.md").read_text()
+    assert "200 tasks" in card and (tmp_path / "eager_ms.png").exists()
+    assert "no journal" in card and "no run records" in card and "Not run on this set" in card
+
+
 @pytest.mark.parametrize("args, message", [
     (("stats", "/nonexistent/data"), "/nonexistent/data"),
     (("run", "--n", "2", "--out", "{tmp}", "--workers", "0", "--device", "cpu"), "workers must be >= 1"),
@@ -66,6 +74,10 @@ def test_run_with_a_time_limit_saves_what_it_decided_and_resumes(cli, cli_env, c
     (("decontaminate", "{examples}/data/synth-h100-sample", "--benchmark", "{tmp}", "--similarity", "2"),
      "--similarity must be in (0, 1]"),
     (("sample", "{examples}/data/synth-h100-sample", "--n", "201", "--out", "{tmp}/s"), "between 1 and the 200 tasks"),
+    (("card", "{tmp}/missing"), "not a dataset directory"),
+    (("card", "{examples}/data/synth-h100-sample", "--out", "{tmp}/c.md", "--checks", "{tmp}"), "no results store"),
+    (("run", "--n", "2", "--out", "{tmp}", "--device", "cpu", "--devices", "gpu0"), "lane groups named cpu or cpu:<k>"),
+    (("run", "--n", "2", "--out", "{tmp}", "--device", "cuda", "--devices", "0"), "CUDA_VISIBLE_DEVICES"),
 ])
 def test_bad_input_is_named_with_exit_status_2(cli, cli_env, tmp_path: Path, args, message: str) -> None:
     result = _synth(cli, cli_env, *(arg.format(tmp=tmp_path, examples=EXAMPLES) for arg in args))

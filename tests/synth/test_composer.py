@@ -144,9 +144,9 @@ def test_growth_stops_at_the_memory_cap_not_before_it(gelu, monkeypatch: pytest.
     only, seed = gelu
     start = compose(only, seed, n_ops=1)
     row_bytes = 4 * math.prod(int(v) for v in re.findall(r"^dim\w* = (\d+)$", start.code, re.M))
-    monkeypatch.setattr(composer, "_MAX_INPUT_BYTES", 8 * 4 * row_bytes)  # room for batch 32, not 64
     monkeypatch.setattr(composer, "_eager_ms", lambda code, device, seed, threads: 1e-3 * _batch_size(code))
-    assert _batch_size(compose(only, seed, n_ops=1, target_ms=(1.0, 100.0)).code) == 32
+    bound_mb = 8 * 4 * row_bytes / 2**20  # room for batch 32, not 64
+    assert _batch_size(compose(only, seed, n_ops=1, target_ms=(1.0, 100.0), max_input_mb=bound_mb).code) == 32
 
 
 def test_a_size_that_fails_to_run_is_retried_with_a_smaller_step(gelu, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,7 @@ OPS = {"add_relu_mul.py": ["torch.add", "torch.relu", "torch.mul"], "matmul.py":
 FAMILIES = {"torch.add": "elementwise", "torch.mul": "elementwise", "torch.relu": "activation",
             "torch.matmul": "linear", "torch.rsqrt": "elementwise", "torch.mean": "reduction",
             "torch.sum": "reduction"}
-INFO = DatasetInfo(device="cpu", eager_window_ms=(0.1, 100.0))
+INFO = DatasetInfo(device="cpu", eager_window_ms=(0.1, 100.0), max_op_sequence_share=1.0)  # pairs share ops
 
 
 def make_records() -> list[TaskRecord]:
@@ -222,3 +222,22 @@ def test_bundled_sample_is_a_stratified_gpu_dataset() -> None:
     assert len(records) == 200 and {len(r.ops) for r in records} == {1, 2, 3, 4, 5}
     assert all(r.device == "cuda" and 1.0 <= r.eager_ms <= 100.0 and r.compile_ms for r in records)
     assert all(result.task is not None for result in load_tasks(sample / PARQUET))
+
+
+def test_a_directory_whose_meta_predates_new_settings_resumes_and_records_them(tmp_path: Path) -> None:
+    run_uninterrupted(tmp_path)
+    meta = json.loads((tmp_path / dataset.META).read_text())
+    for key in ("max_input_mb", "max_op_sequence_share"):
+        del meta["info"][key]
+    (tmp_path / dataset.META).write_text(json.dumps(meta))
+    with DatasetWriter.open(tmp_path, INFO) as writer:
+        assert len(writer.accepted) == 12
+    assert json.loads((tmp_path / dataset.META).read_text())["info"]["max_op_sequence_share"] == 1.0
+
+
+def test_a_published_copy_without_its_journal_is_not_rewritten(tmp_path: Path) -> None:
+    run_uninterrupted(tmp_path)
+    (tmp_path / JOURNAL).unlink()
+    with pytest.raises(DatasetError, match="no journal.jsonl"):
+        DatasetWriter.reopen(tmp_path)
+    assert len(read_dataset(tmp_path)) == 12

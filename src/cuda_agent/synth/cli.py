@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
@@ -12,11 +14,11 @@ from rich.progress import Progress
 
 from cuda_agent.cli_output import WrappingTable, step_progress
 from cuda_agent.cli_support import console, default_device, err_console, fail_usage
+from cuda_agent.synth.records import SEED_OPS
 
 synth_app = typer.Typer(no_args_is_help=True,
                         help="Data synthesis: seed operators -> composed tasks -> filtered, de-contaminated dataset.")
 
-SEEDS_FILE = "seed_ops.json"
 
 
 def _progress_bars(disable: bool = False) -> tuple[Progress, Callable[[str, int, int], None]]:
@@ -57,14 +59,17 @@ def _window(window: Optional[tuple[float, float]]) -> Optional[tuple[float, floa
 
 
 def _composer(catalogue, device: str, window: Optional[tuple[float, float]], n_ops: Optional[int],
-              llm: bool, llm_base_url: Optional[str], llm_model: Optional[str]):
-    """``seed -> TaskRecord``: the deterministic composer, or the LLM composing the operators the
-    deterministic composer sampled for that seed."""
+              llm: bool, llm_base_url: Optional[str], llm_model: Optional[str], max_input_mb: Optional[float] = None):
+    """``seed -> TaskRecord``: the deterministic composer (sizing tasks up to the size bound
+    ``max_input_mb``, default when ``None``), or the LLM composing the operators the deterministic
+    composer sampled for that seed."""
     if not llm:
         from cuda_agent.synth.composer import DeterministicComposer
         from cuda_agent.synth.filter import DEFAULT_WINDOWS_MS
+        from cuda_agent.synth.input_size import DEFAULT_MAX_INPUT_MB
 
-        return DeterministicComposer(catalogue, n_ops, target_ms=window or DEFAULT_WINDOWS_MS[device], device=device)
+        return DeterministicComposer(catalogue, n_ops, target_ms=window or DEFAULT_WINDOWS_MS[device], device=device,
+                                     max_input_mb=max_input_mb or DEFAULT_MAX_INPUT_MB)
     from cuda_agent.synth.llm_composer import LLMConfig, SampledChainComposer
 
     try:
@@ -88,7 +93,7 @@ def _families(catalogue) -> dict[str, str]:
 
 @synth_app.command("seeds")
 def seeds(
-    out: Path = typer.Option(Path(SEEDS_FILE), help="Where to write the seed catalogue (JSON)."),
+    out: Path = typer.Option(Path(SEED_OPS), help="Where to write the seed catalogue (JSON)."),
     transformers: bool = typer.Option(True, "--transformers/--no-transformers",
                                       help="Also mine transformers building blocks (when transformers is installed)."),
 ) -> None:
@@ -115,7 +120,7 @@ def seeds(
 def compose_command(
     n: int = typer.Option(..., "--n", help="Number of tasks to compose (composer seeds first-seed .. first-seed+n-1)."),
     out: Path = typer.Option(Path("composed.jsonl"), help="JSONL file of composed tasks (appended to)."),
-    catalogue: Optional[Path] = typer.Option(None, help=f"Seed catalogue (default: mine one into ./{SEEDS_FILE})."),
+    catalogue: Optional[Path] = typer.Option(None, help=f"Seed catalogue (default: mine one into ./{SEED_OPS})."),
     first_seed: int = typer.Option(0, help="First composer seed."),
     n_ops: Optional[int] = _COMPOSER_OPTIONS["n_ops"],
     llm: bool = _COMPOSER_OPTIONS["llm"],
@@ -131,7 +136,7 @@ def compose_command(
     if n < 1 or workers < 1:
         fail_usage(f"--n and --workers must be >= 1, got {n} and {workers}")
     device = device or default_device()
-    cat = _load_or_mine(catalogue, None if catalogue else Path(SEEDS_FILE), True)
+    cat = _load_or_mine(catalogue, None if catalogue else Path(SEED_OPS), True)
     composer = _composer(cat, device, _window(window), n_ops, llm, llm_base_url, llm_model)
     progress, update = _progress_bars()
     made = failed = 0
@@ -157,25 +162,43 @@ def _run_config(n: int, first_seed: int, options: dict):
     from cuda_agent.synth.filter import FilterConfig
     from cuda_agent.synth.pipeline import RunConfig
 
+    listed = options["devices"]
+    devices = None if listed is None else tuple(entry.strip() for entry in listed.split(",") if entry.strip())
     try:
         filter_config = FilterConfig(device=options["device"] or default_device(), window_ms=_window(options["window"]),
                                      compile=options["compile_check"], max_memory_mb=options["max_memory_mb"],
                                      restart_every=options["restart_every"])
+        bounds = {name: options[name] for name in ("max_input_mb", "max_op_sequence_share")
+                  if options[name] is not None}
         return RunConfig(n=n, first_seed=first_seed, workers=options["workers"], benchmark=options["benchmark"],
-                         similarity=options["similarity"], filter=filter_config,
+                         similarity=options["similarity"], filter=filter_config, devices=devices,
+                         compose_workers=options["compose_workers"], batch_size=options["batch"], **bounds,
                          time_limit_s=None if options["time_limit"] is None else options["time_limit"] * 60)
     except ValueError as exc:
         fail_usage(str(exc))
+
+
+def _batch_line(status) -> None:
+    """One progress line per batch of filter decisions (any output, terminal or log)."""
+    devices = ", ".join(f"{name} {int(counts.get('accepted', 0))}/{int(counts.get('decided', 0))} "
+                        f"lock {100 * counts.get('lock_s', 0.0) / status.elapsed_s:.0f}%"
+                        for name, counts in status.per_device.items())
+    err_console.print(f"[{status.elapsed_s:7.1f} s] accepted {status.accepted} of {status.decided} decided "
+                      f"({status.accepted_per_minute:.1f}/min); composed {status.composed}/{status.seeds}, "
+                      f"screened {status.screened}, queued {status.queued}, checking {status.filtering}"
+                      + (f"; {devices}" if devices else ""), markup=False, highlight=False, soft_wrap=True)
 
 
 def _run_pipeline(config, out: Path, composer, families) -> None:
     from cuda_agent.synth.dataset import DatasetError
     from cuda_agent.synth.pipeline import run
 
-    progress, update = _progress_bars()
+    progress, update = _progress_bars(disable=not err_console.is_terminal)  # elsewhere: the batch lines only
+    command = shlex.join(["cuda-agent", *sys.argv[1:]])
     try:
         with progress:
-            numbers = run(config, out, composer, families=families, progress=update)
+            numbers = run(config, out, composer, families=families, progress=update, on_batch=_batch_line,
+                          command=command)
     except KeyboardInterrupt:
         err_console.print(f"interrupted: every decision so far is saved in {out}; run the same command to resume")
         raise typer.Exit(130) from None
@@ -185,6 +208,9 @@ def _run_pipeline(config, out: Path, composer, families) -> None:
     this_run = numbers["this_run"]
     console.print(f"this run: {this_run['accepted']} accepted of {this_run['decided']} decided in "
                   f"{this_run['seconds']:.0f} s ({this_run['accepted_per_minute']:.1f} accepted/min)")
+    for name, counts in this_run["per_device"].items():
+        console.print(f"  {name}: {int(counts.get('accepted', 0))} accepted of {int(counts.get('decided', 0))}, "
+                      f"measurement lock held {counts.get('lock_s', 0.0):.0f} s of {this_run['seconds']:.0f}")
     if this_run["filter_lane_seconds"]:
         console.print("filter time per step, summed over lanes: " + ", ".join(
             f"{step} {seconds:.0f} s" for step, seconds in sorted(this_run["filter_lane_seconds"].items())))
@@ -196,8 +222,17 @@ def _run_pipeline(config, out: Path, composer, families) -> None:
 _FILTER_OPTIONS = dict(
     device=typer.Option(None, help="cuda or cpu (default: cuda if a GPU is visible, else cpu)."),
     window=typer.Option(None, help="Accepted eager time LOW HIGH in ms (default: 1 100 on cuda, 0.5 1000 on cpu)."),
-    workers=typer.Option(2, help="Parallel lanes per stage: composer processes (or LLM requests), then filter "
-                                 "worker processes."),
+    workers=typer.Option(2, help="Filter lanes (worker processes), spread over --devices."),
+    compose_workers=typer.Option(None, help="Composer processes (or LLM requests in flight), running beside the "
+                                            "filter (default: a quarter of --workers, at least 1)."),
+    devices=typer.Option(None, help="Devices the lanes are spread over, comma-separated: on cuda, GPUs as "
+                                    "CUDA_VISIBLE_DEVICES entries (default: every visible GPU); on cpu, lane groups "
+                                    "cpu:0,cpu:1,... (default: one)."),
+    max_input_mb=typer.Option(None, help="The size bound: most MiB one task's inputs may take; a larger task is "
+                                         "scaled down (default: 1024)."),
+    max_op_sequence_share=typer.Option(None, help="Most of the dataset one operator sequence may hold "
+                                                  "(default: 0.005)."),
+    batch=typer.Option(100, help="Filter decisions per progress line."),
     compile_check=typer.Option(True, "--compile/--no-compile", help="Require torch.compile to work and record compile_ms."),
     benchmark=typer.Option(None, help="Benchmark folder (e.g. a KernelBench checkout) to de-contaminate against."),
     similarity=typer.Option(0.9, help="Normalised-AST similarity at which a task counts as a copy."),
@@ -224,8 +259,13 @@ def filter_command(
     max_memory_mb: Optional[float] = _FILTER_OPTIONS["max_memory_mb"],
     restart_every: int = _FILTER_OPTIONS["restart_every"],
     time_limit: Optional[float] = _FILTER_OPTIONS["time_limit"],
+    compose_workers: Optional[int] = _FILTER_OPTIONS["compose_workers"],
+    devices: Optional[str] = _FILTER_OPTIONS["devices"],
+    max_input_mb: Optional[float] = _FILTER_OPTIONS["max_input_mb"],
+    max_op_sequence_share: Optional[float] = _FILTER_OPTIONS["max_op_sequence_share"],
+    batch: int = _FILTER_OPTIONS["batch"],
 ) -> None:
-    """De-duplicate, de-contaminate and execution-filter composed tasks into a dataset directory."""
+    """Bound, de-duplicate, de-contaminate and execution-filter composed tasks into a dataset directory."""
     from cuda_agent.synth.dataset import DatasetError, read_dataset
 
     try:
@@ -242,7 +282,7 @@ def filter_command(
 def run_command(
     n: int = typer.Option(..., "--n", help="Composer seeds to try (the dataset keeps those that pass every stage)."),
     out: Path = typer.Option(..., help="Dataset directory to write (resumed if it exists)."),
-    catalogue: Optional[Path] = typer.Option(None, help=f"Seed catalogue (default: mine one into OUT/{SEEDS_FILE})."),
+    catalogue: Optional[Path] = typer.Option(None, help=f"Seed catalogue (default: mine one into OUT/{SEED_OPS})."),
     first_seed: int = typer.Option(0, help="First composer seed."),
     n_ops: Optional[int] = _COMPOSER_OPTIONS["n_ops"],
     llm: bool = _COMPOSER_OPTIONS["llm"],
@@ -257,12 +297,19 @@ def run_command(
     max_memory_mb: Optional[float] = _FILTER_OPTIONS["max_memory_mb"],
     restart_every: int = _FILTER_OPTIONS["restart_every"],
     time_limit: Optional[float] = _FILTER_OPTIONS["time_limit"],
+    compose_workers: Optional[int] = _FILTER_OPTIONS["compose_workers"],
+    devices: Optional[str] = _FILTER_OPTIONS["devices"],
+    max_input_mb: Optional[float] = _FILTER_OPTIONS["max_input_mb"],
+    max_op_sequence_share: Optional[float] = _FILTER_OPTIONS["max_op_sequence_share"],
+    batch: int = _FILTER_OPTIONS["batch"],
 ) -> None:
-    """All stages: mine (or load) seeds, compose, de-duplicate, de-contaminate, filter, write the dataset."""
+    """All stages at once: mine (or load) seeds, compose, bound, de-duplicate, de-contaminate, filter on
+    every GPU, write the dataset."""
     config = _run_config(n, first_seed, _filter_options(locals()))
     out.mkdir(parents=True, exist_ok=True)
-    cat = _load_or_mine(catalogue, None if catalogue else out / SEEDS_FILE, True)
-    composer = _composer(cat, config.filter.device, config.filter.window_ms, n_ops, llm, llm_base_url, llm_model)
+    cat = _load_or_mine(catalogue, None if catalogue else out / SEED_OPS, True)
+    composer = _composer(cat, config.filter.device, config.filter.window_ms, n_ops, llm, llm_base_url, llm_model,
+                         config.max_input_mb)
     _run_pipeline(config, out, composer, _families(cat))
 
 
@@ -303,6 +350,34 @@ def sample_command(
     except ImportError as exc:
         fail_usage(f"writing Parquet needs pyarrow ({exc}): pip install 'cuda-agent[parquet]'")
     _print_stats(numbers, out)
+
+
+@synth_app.command("card")
+def card_command(
+    dataset: Path = typer.Argument(..., help="Dataset directory (from `synth run`, or a published copy)."),
+    out: Optional[Path] = typer.Option(None, help="Where to write the card (default: DATASET/README.md); the "
+                                                  "histogram PNGs go beside it."),
+    benchmark: Optional[Path] = typer.Option(None, help="Benchmark folder for the decontamination report (e.g. "
+                                                        "KernelBench/KernelBench: one row per level)."),
+    checks: Optional[Path] = typer.Option(None, help="`cuda-agent tasks check --out` folder of this set: its counts "
+                                                     "go into the card."),
+    similarity: float = _FILTER_OPTIONS["similarity"],
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the histograms (needs matplotlib)."),
+) -> None:
+    """Write the full data card: how the set was made, rejections per rule, histograms, input sizes,
+    diversity, op-family coverage, decontamination report, tasks-check counts, differences from Ops-6K."""
+    from cuda_agent.synth.dataset import DatasetError
+    from cuda_agent.synth.full_card import make_card
+
+    if not 0 < similarity <= 1:
+        fail_usage(f"--similarity must be in (0, 1], got {similarity}")
+    try:
+        numbers = make_card(dataset, out, benchmark, checks, similarity, plots)
+    except (DatasetError, OSError, ValueError, ImportError) as exc:
+        fail_usage(str(exc))
+    written = out or dataset / "README.md"
+    console.print(f"{written}: the card of {numbers['tasks']} tasks"
+                  + (f", with {', '.join(numbers['plots'].values())}" if numbers.get("plots") else ""))
 
 
 @synth_app.command("stats")

@@ -28,6 +28,7 @@ import torch
 
 from cuda_agent.environment.degeneracy_probe import degeneracy_flags
 from cuda_agent.synth.device_lock import measuring
+from cuda_agent.synth.input_size import DEFAULT_MAX_INPUT_MB
 from cuda_agent.synth.mining import SeedCatalogue, import_object, instantiate
 from cuda_agent.synth.records import SeedOp, TaskRecord
 
@@ -41,10 +42,10 @@ _MAX_ATTEMPTS = 40
 _PICKS_PER_STEP = 8
 _MAX_GROWTH = 64
 """An intermediate may hold at most this many times the first input's elements."""
-_MAX_INPUT_BYTES = 1 << 30
 _MAX_LIVE_BYTES = 3 << 30
 """Sizing keeps the inputs plus twice the largest intermediate (a chain holds its inputs and about
-one op's input and output at once) under this, inside the filter's 4 GB default bound on CUDA."""
+one op's input and output at once) under this, inside the filter's 4 GB default bound on CUDA; the
+inputs alone stay under the size bound (``max_input_mb``, :mod:`cuda_agent.synth.input_size`)."""
 _SIZING_RETRIES = 3
 """Times a resize that fails (an op's size limit, out of memory) is tried again with a smaller step."""
 _MAX_PARAMS = 1 << 27
@@ -67,7 +68,8 @@ class _StepFailed(Exception):
 
 def compose(catalogue: SeedCatalogue, seed: int, n_ops: int | None = None,
             target_ms: tuple[float, float] | None = None, device: str = "cpu", *,
-            allow_stochastic: bool = False, allow_inplace: bool = False) -> TaskRecord:
+            allow_stochastic: bool = False, allow_inplace: bool = False,
+            max_input_mb: float = DEFAULT_MAX_INPUT_MB) -> TaskRecord:
     """Compose one task from ``catalogue``.
 
     Args:
@@ -80,6 +82,7 @@ def compose(catalogue: SeedCatalogue, seed: int, n_ops: int | None = None,
         device: where sizing is timed.
         allow_stochastic: also use ops whose output is random (dropout); off by default.
         allow_inplace: also use ops that write into their input; off by default.
+        max_input_mb: sizing grows the inputs up to this bound (MiB), not beyond.
 
     Raises:
         ValueError: ``n_ops`` outside 1-5, or a malformed ``target_ms``.
@@ -110,7 +113,7 @@ def compose(catalogue: SeedCatalogue, seed: int, n_ops: int | None = None,
             if target_ms is None:
                 code = chain.source()
             else:
-                code = _sized_code(chain, seed, target_ms, device, timing_threads)
+                code = _sized_code(chain, seed, target_ms, device, timing_threads, int(max_input_mb * 2**20))
             source = "transformers" if any(op.source == "transformers" for op in chain.ops) else "torch"
             return TaskRecord(code=code, ops=[op.name for op in chain.ops], composer="deterministic", seed=seed,
                               source=source, seed_ops_version=catalogue.version)
@@ -127,11 +130,23 @@ class DeterministicComposer:
     n_ops: int | None = None
     target_ms: tuple[float, float] | None = None
     device: str = "cpu"
+    max_input_mb: float = DEFAULT_MAX_INPUT_MB
+    """The size bound sizing grows the inputs up to (MiB)."""
     parallel: ClassVar[str] = "processes"
     """How the pipeline runs several at once: sizing is CPU and GPU work, not I/O."""
 
+    @property
+    def device_memory_mb(self) -> float:
+        """Device memory one composer process may hold while sizing (it frees it after each seed)."""
+        return _MAX_LIVE_BYTES / 2**20 if self.device.startswith("cuda") else 0.0
+
     def __call__(self, seed: int) -> TaskRecord:
-        return compose(self.catalogue, seed, self.n_ops, target_ms=self.target_ms, device=self.device)
+        try:
+            return compose(self.catalogue, seed, self.n_ops, target_ms=self.target_ms, device=self.device,
+                           max_input_mb=self.max_input_mb)
+        finally:
+            if self.device.startswith("cuda"):  # the next seed's sizes differ: cached blocks only crowd the GPU
+                torch.cuda.empty_cache()
 
 
 # --------------------------------------------------------------------------- sampling
@@ -464,9 +479,10 @@ def _median_forward_ms(code: str, device: str, seed: int) -> float:
     return statistics.median(times)
 
 
-def _sized_code(chain: _Chain, seed: int, target_ms: tuple[float, float], device: str, threads: int) -> str:
+def _sized_code(chain: _Chain, seed: int, target_ms: tuple[float, float], device: str, threads: int,
+                max_input_bytes: int) -> str:
     """Scale the first input dim that no constructor depends on, in powers of two, towards the window
-    (narrowed by :data:`_SIZING_MARGIN`), as far as the memory caps allow.
+    (narrowed by :data:`_SIZING_MARGIN`), as far as the memory caps allow (inputs ≤ ``max_input_bytes``).
 
     Returns:
         The source whose eager time was closest to the window (log distance); the first one if
@@ -487,7 +503,7 @@ def _sized_code(chain: _Chain, seed: int, target_ms: tuple[float, float], device
             best_code, best_gap = code, gap
         if gap == 0.0 or free is None:
             break
-        step = min(2.0 ** round(math.log2(math.sqrt(low * high) / ms)), _max_growth(chain))
+        step = min(2.0 ** round(math.log2(math.sqrt(low * high) / ms)), _max_growth(chain, max_input_bytes))
         resized = _resized(chain, free, step, device)
         if resized is None:
             break
@@ -495,12 +511,12 @@ def _sized_code(chain: _Chain, seed: int, target_ms: tuple[float, float], device
     return best_code
 
 
-def _max_growth(chain: _Chain) -> float:
+def _max_growth(chain: _Chain, max_input_bytes: int) -> float:
     """The largest power-of-two factor the sizes may grow by within the memory caps (sizes are
     taken to scale with the free dim: a batch dimension)."""
     input_bytes = chain.first_numel * 4 * len(chain.inputs)
     live_bytes = input_bytes + 2 * chain.peak_numel * 4
-    limit = min(_MAX_INPUT_BYTES / input_bytes, _MAX_LIVE_BYTES / live_bytes)
+    limit = min(max_input_bytes / input_bytes, _MAX_LIVE_BYTES / live_bytes)
     return 2.0 ** math.floor(math.log2(limit)) if limit >= 1 else 1.0
 
 

@@ -24,8 +24,6 @@ import datetime
 import json
 import logging
 import os
-import statistics
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,17 +31,22 @@ from typing import Any
 
 import torch
 
-from cuda_agent.synth.records import SEED_OPS_VERSION, TaskRecord
+from cuda_agent.synth.card import INSTALL_PARQUET, PARQUET, card_numbers, render_card
+from cuda_agent.synth.diversity import DEFAULT_MAX_OP_SEQUENCE_SHARE, cap_op_sequences
+from cuda_agent.synth.input_size import DEFAULT_MAX_INPUT_MB
+from cuda_agent.synth.records import SEED_OPS_VERSION, Rejection, TaskRecord
 
 logger = logging.getLogger(__name__)
 
 JOURNAL = "journal.jsonl"
 META = "meta.json"
-PARQUET = "tasks.parquet"
 JSONL = "tasks.jsonl"
 FAMILIES = "families.json"
 CARD = "README.md"
-_INSTALL_PARQUET = "pip install 'cuda-agent[parquet]'"
+COMPOSED = "composed.jsonl"
+"""Every composed task (or the composer's failure) of a run, bounded, before screening."""
+RUNS = "runs.jsonl"
+"""One line per ``synth run`` call: its command, settings, machine and counts."""
 
 
 class DatasetError(ValueError):
@@ -87,6 +90,10 @@ class DatasetInfo:
     """Seed catalogue version every accepted task must carry."""
     torch_version: str = field(default_factory=lambda: torch.__version__)
     """torch that timed the tasks; timings from different versions are not comparable."""
+    max_input_mb: float = DEFAULT_MAX_INPUT_MB
+    """The size bound: no task's inputs exceed this many MiB (:mod:`cuda_agent.synth.input_size`)."""
+    max_op_sequence_share: float = DEFAULT_MAX_OP_SEQUENCE_SHARE
+    """Most of the dataset one operator sequence may hold (:mod:`cuda_agent.synth.diversity`)."""
 
     def __post_init__(self) -> None:
         low, high = self.eager_window_ms
@@ -95,24 +102,15 @@ class DatasetInfo:
                              f"got {self.eager_window_ms!r}")
         if not self.device:
             raise ValueError("device must name the device the tasks were timed on, got ''")
+        if not self.max_input_mb > 0:
+            raise ValueError(f"max_input_mb must be > 0, got {self.max_input_mb!r}")
+        if not 0 < self.max_op_sequence_share <= 1:
+            raise ValueError(f"max_op_sequence_share must be in (0, 1], got {self.max_op_sequence_share!r}")
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data["eager_window_ms"] = list(self.eager_window_ms)
         return data
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """One task id the pipeline turned down, and why (a funnel entry of the card)."""
-
-    id: str
-    stage: str
-    """Pipeline stage that rejected it (``filter``, ``decontaminate``, ...)."""
-    reason: str
-    """Named, countable reason (``not_deterministic``, ``benchmark_match``, ...)."""
-    detail: str = ""
-    """Free text for humans (the matched benchmark file, an error line); never counted."""
 
 
 def _row(record: TaskRecord) -> dict[str, Any]:
@@ -164,8 +162,13 @@ def _read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def _read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
-    """Replay the journal; a torn last line (a crash mid-write) is cut off the file."""
+def read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
+    """Replay a ``journal.jsonl``: the accepted tasks (withdrawals applied) and every rejection.
+    A torn last line (a crash mid-write) is cut off the file.
+
+    Raises:
+        DatasetError: a line is not a decision (naming the file and line).
+    """
     data = path.read_bytes()
     complete = data[:data.rfind(b"\n") + 1]
     if len(complete) < len(data):
@@ -236,13 +239,18 @@ class DatasetWriter:
         if meta_path.exists():
             meta = _read_meta(meta_path)
             stored = meta["info"]
-            changed = {key: (stored.get(key), value) for key, value in info.to_dict().items()
-                       if stored.get(key) != value}
+            changed = {key: (stored[key], value) for key, value in info.to_dict().items()
+                       if key in stored and stored[key] != value}
             if changed:
                 listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, (old, new) in changed.items())
                 raise DatasetError(f"{directory}: the run that started this dataset used other "
                                    f"settings ({listed}); resume with the same settings or use "
                                    "a new directory")
+            added = sorted(set(info.to_dict()) - set(stored))
+            if added:  # settings this version records and the run that made the directory did not
+                logger.info("%s: recording the settings %s, which its meta.json predates", directory, added)
+                meta = {"created": meta["created"], "info": info.to_dict()}
+                _fsync_write(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
             created = meta["created"]
         elif journal_path.exists() and journal_path.stat().st_size:
             raise DatasetError(f"{directory}: {JOURNAL} exists without {META}; "
@@ -251,7 +259,7 @@ class DatasetWriter:
             created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
             meta = {"created": created, "info": info.to_dict()}
             _fsync_write(meta_path, (json.dumps(meta, indent=2) + "\n").encode())
-        accepted, rejected = _read_journal(journal_path) if journal_path.exists() else ([], [])
+        accepted, rejected = read_journal(journal_path) if journal_path.exists() else ([], [])
         if accepted or rejected:
             logger.info("resuming %s: %d accepted, %d rejected", directory, len(accepted),
                         len(rejected))
@@ -268,6 +276,9 @@ class DatasetWriter:
         meta_path = Path(directory) / META
         if not meta_path.exists():
             raise DatasetError(f"{directory}: no {META}; not a dataset directory made by `cuda-agent synth`")
+        if not (Path(directory) / JOURNAL).exists():
+            raise DatasetError(f"{directory}: no {JOURNAL}, the decisions the dataset is rewritten from; a published "
+                               "copy without its journal cannot be changed in place (work on the run's directory)")
         stored = dict(_read_meta(meta_path)["info"])
         try:
             info = DatasetInfo(**{**stored, "eager_window_ms": tuple(stored["eager_window_ms"])})
@@ -289,8 +300,12 @@ class DatasetWriter:
         """Accepted records in journal order (e.g. to de-duplicate a new batch against)."""
         return list(self._accepted)
 
-    def append(self, accepted: Iterable[TaskRecord] = (), rejected: Iterable[Rejection] = ()) -> None:
+    def append(self, accepted: Iterable[TaskRecord] = (), rejected: Iterable[Rejection] = (),
+               note: Mapping[str, Any] | None = None) -> None:
         """Record one batch of decisions durably (one write and one fsync for the batch).
+
+        ``note`` is stored beside each of the batch's decisions (e.g. ``{"lane": "cuda:1/3"}``, the
+        filter lane that decided it); reading the journal back ignores it.
 
         Raises:
             ValueError: an accepted record was made from another seed catalogue than the run's.
@@ -305,7 +320,7 @@ class DatasetWriter:
             if record.id not in self._decided:
                 self._decided.add(record.id)
                 self._accepted.append(record)
-                lines.append({"accepted": _row(record)})
+                lines.append({"accepted": _row(record), **(note or {})})
         for entry in rejected:
             withdrawn = _withdraws(entry, self._accepted)
             if withdrawn:
@@ -313,7 +328,7 @@ class DatasetWriter:
             if withdrawn or entry.id not in self._decided:
                 self._decided.add(entry.id)
                 self._rejected.append(entry)
-                lines.append({"rejected": dataclasses.asdict(entry)})
+                lines.append({"rejected": dataclasses.asdict(entry), **(note or {})})
         if lines:
             self._journal.write(b"".join(json.dumps(line, ensure_ascii=False).encode() + b"\n"
                                          for line in lines))
@@ -323,6 +338,9 @@ class DatasetWriter:
     def finalize(self, families: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Write ``tasks.parquet`` (when pyarrow is installed), ``tasks.jsonl`` and the card.
 
+        The files hold the accepted tasks under the op-sequence cap
+        (:attr:`DatasetInfo.max_op_sequence_share`); the journal keeps every decision.
+
         Args:
             families: Operator name -> family (e.g. from the seed catalogue), for the card's
                 per-family counts; operators it lacks count as ``unknown``.
@@ -330,23 +348,24 @@ class DatasetWriter:
         Returns:
             The card's numbers, as :func:`stats` returns them.
         """
-        rows = [_row(record) for record in sorted(self._accepted, key=lambda r: r.id)]
+        published, capped = cap_op_sequences(self._accepted, self.info.max_op_sequence_share)
+        rows = [_row(record) for record in sorted(published, key=lambda r: r.id)]
         files = [JSONL]
         try:
             _write_parquet(rows, self.directory / PARQUET)
             files.insert(0, PARQUET)
         except ImportError:
-            logger.warning("pyarrow is not installed: writing %s only (%s)", JSONL, _INSTALL_PARQUET)
+            logger.warning("pyarrow is not installed: writing %s only (%s)", JSONL, INSTALL_PARQUET)
             (self.directory / PARQUET).unlink(missing_ok=True)  # a stale one would disagree
         _fsync_write(self.directory / JSONL, "".join(
             json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode())
         if families is None:
             (self.directory / FAMILIES).unlink(missing_ok=True)
         else:
-            used = sorted({op for record in self._accepted for op in record.ops if op in families})
+            used = sorted({op for record in published for op in record.ops if op in families})
             _fsync_write(self.directory / FAMILIES,
                          (json.dumps({op: families[op] for op in used}, indent=2) + "\n").encode())
-        numbers = _stats(self._accepted, self._rejected, self._meta(), families, files)
+        numbers = card_numbers(published, self._rejected, self._meta(), families, files, len(capped))
         _fsync_write(self.directory / CARD, render_card(numbers).encode())
         logger.info("wrote %d tasks to %s", len(rows), self.directory)
         return numbers
@@ -383,7 +402,7 @@ def _read_parquet(path: Path) -> list[TaskRecord]:
         import pyarrow.parquet as pq
     except ImportError:
         raise DatasetError(f"{path}: reading Parquet needs pyarrow; install it with "
-                           f"{_INSTALL_PARQUET}, or read {JSONL}") from None
+                           f"{INSTALL_PARQUET}, or read {JSONL}") from None
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several unrelated types for corrupt files
@@ -442,36 +461,6 @@ def _pyarrow_missing() -> bool:
     return False
 
 
-def _summary(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {}
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
-
-
-def _stats(accepted: list[TaskRecord], rejected: list[Rejection], meta: Mapping[str, Any],
-           families: Mapping[str, str] | None, files: list[str]) -> dict[str, Any]:
-    funnel: dict[str, Counter[str]] = {}
-    for entry in rejected:
-        funnel.setdefault(entry.stage, Counter())[entry.reason] += 1
-    per_family: Counter[str] = Counter()
-    if families is not None:
-        for record in accepted:
-            per_family.update({families.get(op, "unknown") for op in record.ops})
-    return {
-        "tasks": len(accepted),
-        "files": files,
-        "ops_per_task": dict(sorted(Counter(len(record.ops) for record in accepted).items())),
-        "tasks_per_family": dict(sorted(per_family.items(), key=lambda item: (-item[1], item[0]))),
-        "decided": len(accepted) + len(rejected),
-        "rejected": {stage: dict(sorted(reasons.items())) for stage, reasons in funnel.items()},
-        "eager_ms": _summary([r.eager_ms for r in accepted if r.eager_ms is not None]),
-        "compile_ms": _summary([r.compile_ms for r in accepted if r.compile_ms is not None]),
-        "devices": dict(sorted(Counter(str(record.device) for record in accepted).items())),
-        "composers": dict(sorted(Counter(record.composer for record in accepted).items())),
-        "run": dict(meta),
-    }
-
-
 def stats(path: str | Path, families: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The dataset card's numbers for a dataset directory (finished or still running) or file.
 
@@ -484,17 +473,20 @@ def stats(path: str | Path, families: Mapping[str, str] | None = None) -> dict[s
     Returns:
         ``tasks``, ``files``, ``ops_per_task`` ({number of fused ops: tasks}),
         ``tasks_per_family`` ({family: tasks with at least one such op}, empty without a map),
-        ``decided``, ``rejected`` ({stage: {reason: count}}), ``eager_ms`` / ``compile_ms``
-        (min, median, max over accepted tasks), ``devices``, ``run`` (``meta.json``: settings,
-        torch version, creation time; empty for a bare data file).
+        ``decided``, ``rejected`` ({stage: {reason: count}}), ``capped`` (accepted tasks the
+        op-sequence cap leaves out), ``eager_ms`` / ``compile_ms`` (min, median, max over the
+        set), ``devices``, ``composers``, ``transformers`` (tasks whose source is transformers),
+        ``journaled``, ``run`` (``meta.json``: settings, torch version, creation time; empty for a
+        bare data file): see :func:`cuda_agent.synth.card.card_numbers`.
 
     Raises:
         DatasetError: as :func:`read_dataset`, or a corrupt journal.
     """
     path = Path(path)
     directory = path if path.is_dir() else path.parent
-    if (directory / JOURNAL).exists():
-        accepted, rejected = _read_journal(directory / JOURNAL)
+    journaled = (directory / JOURNAL).exists()
+    if journaled:
+        accepted, rejected = read_journal(directory / JOURNAL)
     else:
         accepted, rejected = read_dataset(path), []
     if families is None:
@@ -503,8 +495,11 @@ def stats(path: str | Path, families: Mapping[str, str] | None = None) -> dict[s
     if (directory / META).exists():
         stored = _read_meta(directory / META)
         meta = {"created": stored["created"], **stored["info"]}
+    capped: list[TaskRecord] = []
+    if journaled and "max_op_sequence_share" in meta:  # the files hold the capped set: count as they do
+        accepted, capped = cap_op_sequences(accepted, meta["max_op_sequence_share"])
     files = [name for name in (PARQUET, JSONL) if (directory / name).exists()]
-    return _stats(accepted, rejected, meta, families, files)
+    return card_numbers(accepted, rejected, meta, families, files, len(capped), journaled)
 
 
 def write_sample(source: str | Path, n: int, out_dir: str | Path) -> dict[str, Any]:
@@ -538,7 +533,7 @@ def write_sample(source: str | Path, n: int, out_dir: str | Path) -> dict[str, A
     rows = [_row(record) for record in sorted(picked, key=lambda r: r.id)]
     _write_parquet(rows, out_dir / PARQUET)
     source_numbers = stats(source)
-    numbers = _stats(picked, [], source_numbers["run"], _stored_families(source), [PARQUET])
+    numbers = card_numbers(picked, [], source_numbers["run"], _stored_families(source), [PARQUET])
     numbers["sample_of"] = {"path": str(source), "tasks": len(records)}
     _fsync_write(out_dir / CARD, render_card(numbers).encode())
     return numbers
@@ -556,88 +551,3 @@ def _stored_families(path: Path) -> dict[str, str] | None:
     if not isinstance(families, dict):
         raise DatasetError(f"{directory / FAMILIES}: expected a JSON object of operator -> family")
     return families
-
-
-def _table(header: tuple[str, str], rows: Iterable[tuple[Any, Any]]) -> str:
-    lines = [f"| {header[0]} | {header[1]} |", "|---|---:|"]
-    lines += [f"| {key} | {value} |" for key, value in rows]
-    return "\n".join(lines)
-
-
-def _ms(summary: Mapping[str, float]) -> str:
-    if not summary:
-        return "not measured"
-    return " / ".join(f"{summary[key]:.4g}" for key in ("min", "median", "max")) + " ms"
-
-
-def provenance_section(composers: Mapping[str, int]) -> str:
-    """The card's section on columns, composers and how the set differs from CUDA-Agent-Ops-6K."""
-    used = ", ".join(f"`{name}` {count}" for name, count in composers.items()) or "unknown"
-    return f"""## Columns and differences from CUDA-Agent-Ops-6K
-
-Composer of the tasks: {used} (`deterministic`: cuda-agent's seeded, shape-aware composer, no
-LLM; `llm:<model>`: an LLM composing the operators that composer sampled). The paper's Ops-6K was composed
-by an LLM.
-
-- `data_source` is `<seed source>#<number of fused operators>` (`torch#3`, `transformers#5`), the
-  Ops-6K convention; many rows share a value, so it is not an id. `id` is the content hash of
-  `code`; `ops`, `code` as in Ops-6K; `eager_ms`, `compile_ms`, `device`, `seed_ops_version`,
-  `composer`, `seed`, `source` are ours.
-- Filter: eager and `torch.compile` must run, be deterministic and not degenerate, with the eager
-  time inside the window above (the paper's window on CUDA is 1-100 ms), and near-copies of
-  KernelBench problems are withdrawn, as in the paper; the thresholds are cuda-agent's own.
-- `cuda-agent tasks list FILE --failed` lists rows that fail to load and why; loaders key rows by
-  `id` (row index where a table has no `id`, as Ops-6K has none).
-"""
-
-
-def render_card(numbers: Mapping[str, Any]) -> str:
-    """The dataset card (``README.md``) for the numbers :func:`stats` returns."""
-    run = numbers["run"]
-    window = run.get("eager_window_ms")
-    parquet_note = ("" if PARQUET in numbers["files"] else
-                    f"\n`{PARQUET}` was not written: pyarrow is not installed ({_INSTALL_PARQUET}).\n")
-    if numbers["tasks_per_family"]:
-        families = _table(("family", "tasks"), numbers["tasks_per_family"].items())
-        families += "\n\nA task counts once in every family it has an operator of."
-    else:
-        families = "No operator -> family map was given."
-    funnel = [(f"{stage}: {reason}", count) for stage, reasons in numbers["rejected"].items()
-              for reason, count in reasons.items()]
-    if "sample_of" in numbers:
-        source = numbers["sample_of"]
-        decisions = (f"A sample of {numbers['tasks']} of the {source['tasks']} tasks of `{source['path']}`: "
-                     "equal shares per number of fused ops, each share the first tasks in `id` order (content-hash "
-                     "order, so deterministic and unrelated to the task). The source's card has its filter funnel.")
-    else:
-        decisions = (f"{numbers['decided']} tasks decided, {numbers['tasks']} accepted.\n\n"
-                     + _table(('stage: reason', 'rejected'), funnel))
-    return f"""# Synthesised CUDA kernel tasks
-
-{numbers['tasks']} tasks in KernelBench format (`class Model`, `get_inputs`, `get_init_inputs`),
-composed from seed operators and kept after the execution filter, de-contamination and
-de-duplication by `cuda-agent synth`. Files: {', '.join(f'`{name}`' for name in numbers['files'])}
-(the same rows, sorted by `id`, the content hash of `code`).
-{parquet_note}
-| setting | value |
-|---|---|
-| device | {run.get('device', 'unknown')} |
-| eager time window | {f'{window[0]:g} - {window[1]:g} ms' if window else 'unknown'} |
-| eager time (min / median / max) | {_ms(numbers['eager_ms'])} |
-| torch.compile time (min / median / max) | {_ms(numbers['compile_ms'])} |
-| seed_ops_version | {run.get('seed_ops_version', 'unknown')} |
-| torch | {run.get('torch_version', 'unknown')} |
-| created | {run.get('created', 'unknown')} |
-
-## Fused operators per task
-
-{_table(('ops', 'tasks'), numbers['ops_per_task'].items())}
-
-## Operator families
-
-{families}
-
-## Filter funnel
-
-{decisions}
-{provenance_section(numbers.get('composers') or {})}"""

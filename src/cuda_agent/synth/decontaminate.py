@@ -301,47 +301,62 @@ def _score_at_least(a: Fingerprint, b: Fingerprint, threshold: float) -> float:
     return min(ops, matcher.ratio())
 
 
-def _op_indicators(fingerprints: Sequence[Fingerprint]) -> np.ndarray:
-    """Rows of 0/1 over (operator, k) features: their dot product is the multiset overlap."""
-    features: dict[tuple[str, int], int] = {}
-    rows = []
-    for fp in fingerprints:
-        seen: dict[str, int] = {}
-        row = []
-        for op in fp.ops:
-            seen[op] = seen.get(op, 0) + 1
-            row.append(features.setdefault((op, seen[op]), len(features)))
-        rows.append(row)
-    matrix = np.zeros((len(fingerprints), max(len(features), 1)), dtype=np.float32)
-    for i, row in enumerate(rows):
-        matrix[i, row] = 1.0
-    return matrix
+class _OpIndicators:
+    """Fingerprints as rows of 0/1 over (operator, occurrence) features, added batch by batch: the
+    dot product of two rows is the overlap of their operator multisets. Storage doubles as it
+    fills, so adding a batch costs its own rows, not the whole matrix again."""
 
+    def __init__(self) -> None:
+        self._features: dict[tuple[str, int], int] = {}
+        self._matrix = np.zeros((64, 64), dtype=np.float32)
+        self._ops: list[int] = []
+        self._tokens: list[int] = []
 
-def _candidates(queries: Sequence[Fingerprint], refs: Sequence[Fingerprint],
-                threshold: float) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield ``(query index, reference indices)`` whose similarity upper bounds reach ``threshold``.
+    @property
+    def rows(self) -> int:
+        return len(self._ops)
 
-    Bounds: difflib's multiset bound on the operator streams (a matrix product) and the length
-    bound ``2 * min(len) / (len + len)`` on the tree streams.
-    """
-    indicators = _op_indicators([*queries, *refs])
-    q_ind, r_ind = indicators[:len(queries)], indicators[len(queries):]
-    q_ops = np.array([len(fp.ops) for fp in queries], dtype=np.float64)
-    r_ops = np.array([len(fp.ops) for fp in refs], dtype=np.float64)
-    q_len = np.array([len(fp.tokens) for fp in queries], dtype=np.float64)
-    r_len = np.array([len(fp.tokens) for fp in refs], dtype=np.float64)
-    slack = threshold - 1e-9  # float rounding must never drop a pair whose bound equals it
-    for start in range(0, len(queries), _BLOCK_ROWS):
-        stop = min(start + _BLOCK_ROWS, len(queries))
-        overlap = (q_ind[start:stop] @ r_ind.T).astype(np.float64)
-        total = q_ops[start:stop, None] + r_ops[None, :]
-        op_bound = np.where(total > 0, 2 * overlap / np.maximum(total, 1), 1.0)
-        lengths = q_len[start:stop, None], r_len[None, :]
-        length_bound = 2 * np.minimum(*lengths) / np.maximum(lengths[0] + lengths[1], 1)
-        hits = (op_bound >= slack) & (length_bound >= slack)
-        for offset in np.flatnonzero(hits.any(axis=1)):
-            yield start + int(offset), np.flatnonzero(hits[offset])
+    def add(self, fingerprints: Sequence[Fingerprint]) -> range:
+        """Append one row per fingerprint; returns their row indices."""
+        first = self.rows
+        for fp in fingerprints:
+            seen: dict[str, int] = {}
+            columns = []
+            for op in fp.ops:
+                seen[op] = seen.get(op, 0) + 1
+                columns.append(self._features.setdefault((op, seen[op]), len(self._features)))
+            height, width = self._matrix.shape
+            if self.rows == height or len(self._features) > width:
+                grown = np.zeros((2 * height if self.rows == height else height, max(2 * width, len(self._features))),
+                                 dtype=np.float32)
+                grown[:height, :width] = self._matrix
+                self._matrix = grown
+            self._matrix[self.rows, columns] = 1.0
+            self._ops.append(len(fp.ops))
+            self._tokens.append(len(fp.tokens))
+        return range(first, self.rows)
+
+    def candidates(self, queries: range, refs: range, threshold: float) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield ``(query row, ref rows)`` whose similarity upper bounds reach ``threshold``.
+
+        Bounds: difflib's multiset bound on the operator streams (a matrix product) and the length
+        bound ``2 * min(len) / (len + len)`` on the tree streams.
+        """
+        width = len(self._features) or 1
+        ops, tokens = np.array(self._ops, dtype=np.float64), np.array(self._tokens, dtype=np.float64)
+        ref_matrix = self._matrix[refs.start:refs.stop, :width]
+        ref_ops, ref_tokens = ops[refs.start:refs.stop], tokens[refs.start:refs.stop]
+        slack = threshold - 1e-9  # float rounding must never drop a pair whose bound equals it
+        for start in range(queries.start, queries.stop, _BLOCK_ROWS):
+            stop = min(start + _BLOCK_ROWS, queries.stop)
+            overlap = (self._matrix[start:stop, :width] @ ref_matrix.T).astype(np.float64)
+            total = ops[start:stop, None] + ref_ops[None, :]
+            op_bound = np.where(total > 0, 2 * overlap / np.maximum(total, 1), 1.0)
+            lengths = tokens[start:stop, None], ref_tokens[None, :]
+            length_bound = 2 * np.minimum(*lengths) / np.maximum(lengths[0] + lengths[1], 1)
+            hits = (op_bound >= slack) & (length_bound >= slack)
+            for offset in np.flatnonzero(hits.any(axis=1)):
+                yield start + int(offset), refs.start + np.flatnonzero(hits[offset])
 
 
 def _check_threshold(threshold: float) -> None:
@@ -392,13 +407,29 @@ def load_benchmark(path: str | Path) -> dict[str, str]:
     return sources
 
 
-def decontaminate(records: Sequence[TaskRecord], benchmark_sources: Mapping[str, str],
+@dataclass(frozen=True)
+class BenchmarkIndex:
+    """A benchmark's task files with their fingerprints, computed once for many batches of tasks."""
+
+    names: tuple[str, ...]
+    fingerprints: tuple[Fingerprint, ...]
+
+    @classmethod
+    def of(cls, sources: Mapping[str, str]) -> BenchmarkIndex:
+        """Raises:
+            ValueError: a source does not parse.
+        """
+        names = tuple(sources)
+        return cls(names, tuple(fingerprint(sources[name], name) for name in names))
+
+
+def decontaminate(records: Sequence[TaskRecord], benchmark: Mapping[str, str] | BenchmarkIndex,
                   threshold: float = 0.9) -> tuple[list[TaskRecord], list[Drop]]:
     """Drop every task whose similarity to some benchmark task is at least ``threshold``.
 
     Args:
         records: Tasks to check, in any order (each is judged alone).
-        benchmark_sources: ``{name: source}``, e.g. from :func:`load_benchmark`.
+        benchmark: ``{name: source}``, e.g. from :func:`load_benchmark`, or its index.
         threshold: Similarity at or above which a task counts as a benchmark copy.
 
     Returns:
@@ -409,21 +440,69 @@ def decontaminate(records: Sequence[TaskRecord], benchmark_sources: Mapping[str,
         ValueError: ``threshold`` is outside (0, 1], or a source does not parse.
     """
     _check_threshold(threshold)
-    names = list(benchmark_sources)
-    refs = [fingerprint(benchmark_sources[name], name) for name in names]
+    index = benchmark if isinstance(benchmark, BenchmarkIndex) else BenchmarkIndex.of(benchmark)
     queries = [fingerprint(record.code, f"task {record.id}") for record in records]
+    indicators = _OpIndicators()
+    query_rows, ref_rows = indicators.add(queries), indicators.add(index.fingerprints)
     best: dict[int, tuple[float, str]] = {}
-    for i, js in _candidates(queries, refs, threshold):
-        for j in js:
-            score = _score_at_least(queries[i], refs[j], threshold)
+    for i, rows in indicators.candidates(query_rows, ref_rows, threshold):
+        for j in rows - ref_rows.start:
+            score = _score_at_least(queries[i], index.fingerprints[j], threshold)
             if score >= threshold and score > best.get(i, (-1.0, ""))[0]:
-                best[i] = (score, names[j])
+                best[i] = (score, index.names[j])
     kept = [record for i, record in enumerate(records) if i not in best]
     dropped = [Drop(records[i], "benchmark_match", name, score)
                for i, (score, name) in sorted(best.items())]
     logger.info("de-contamination: %d of %d tasks match a benchmark task at >= %s",
                 len(dropped), len(records), threshold)
     return kept, dropped
+
+
+class NearDuplicates:
+    """De-duplication batch by batch: the tasks kept so far, against which :meth:`screen` judges
+    each new task in order. Screening tasks in batches gives the same result as screening them all
+    at once, so the pipeline can pass tasks on as they are composed."""
+
+    def __init__(self, threshold: float = 0.9) -> None:
+        """Raises:
+            ValueError: ``threshold`` is outside (0, 1].
+        """
+        _check_threshold(threshold)
+        self.threshold = threshold
+        self.kept: list[TaskRecord] = []
+        self._indicators = _OpIndicators()
+        self._screened: list[tuple[TaskRecord, Fingerprint]] = []
+        """Every task screened, by indicator row."""
+        self._kept_rows: set[int] = set()
+
+    def screen(self, records: Sequence[TaskRecord]) -> tuple[list[TaskRecord], list[Drop]]:
+        """Keep each of ``records`` (in order) unless it is at least ``threshold`` similar to a
+        task kept before it, here or in an earlier batch.
+
+        Returns:
+            ``(kept, dropped)`` as for :func:`decontaminate`; ``Drop.matched`` is the id of the kept
+            task the dropped one is most similar to (the earliest on a tie).
+
+        Raises:
+            ValueError: a task's code does not parse.
+        """
+        fps = [fingerprint(record.code, f"task {record.id}") for record in records]
+        rows = self._indicators.add(fps)
+        self._screened += zip(records, fps)
+        candidates = dict(self._indicators.candidates(rows, range(rows.stop), self.threshold))
+        kept, dropped = [], []
+        for row in rows:
+            record, fp = self._screened[row]
+            scored = [(_score_at_least(fp, self._screened[j][1], self.threshold), j)
+                      for j in candidates.get(row, ()) if j in self._kept_rows]
+            score, j = max(scored, key=lambda pair: (pair[0], -pair[1]), default=(0.0, -1))
+            if score >= self.threshold:
+                dropped.append(Drop(record, "near_duplicate", self._screened[j][0].id, score))
+            else:
+                self._kept_rows.add(row)
+                kept.append(record)
+        self.kept += kept
+        return kept, dropped
 
 
 def deduplicate(records: Sequence[TaskRecord],
@@ -442,19 +521,7 @@ def deduplicate(records: Sequence[TaskRecord],
     Raises:
         ValueError: ``threshold`` is outside (0, 1], or a task's code does not parse.
     """
-    _check_threshold(threshold)
-    fps = [fingerprint(record.code, f"task {record.id}") for record in records]
-    candidates = dict(_candidates(fps, fps, threshold))
-    kept_index: set[int] = set()
-    dropped = []
-    for i, record in enumerate(records):
-        scored = [(_score_at_least(fps[i], fps[j], threshold), j)
-                  for j in candidates.get(i, ()) if j in kept_index]
-        score, j = max(scored, key=lambda pair: (pair[0], -pair[1]), default=(0.0, -1))
-        if score >= threshold:
-            dropped.append(Drop(record, "near_duplicate", records[j].id, score))
-        else:
-            kept_index.add(i)
+    kept, dropped = NearDuplicates(threshold).screen(records)
     logger.info("de-duplication: %d of %d tasks are near-copies of earlier ones",
                 len(dropped), len(records))
-    return [records[i] for i in sorted(kept_index)], dropped
+    return kept, dropped

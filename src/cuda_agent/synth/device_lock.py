@@ -5,6 +5,11 @@ and filter lanes time the tasks they check. Kernels of two processes share the G
 share the CPU cores), so two overlapping measurements both come out slow. Every timed section
 takes this lock: a thread lock for the lanes of one process, plus an advisory ``flock`` on a file
 per device for other processes on the machine.
+
+A GPU's lock is named after the physical GPU, whatever a process calls it: ``cuda`` in a lane that
+sees one GPU and ``cuda:2`` in the parent that sees four are the same file when they are the same
+GPU, and so is ``gpu-<entry>``, the name the evaluation pool's lanes lock (``<entry>`` being the
+GPU's ``CUDA_VISIBLE_DEVICES`` entry), so synthesis and evaluation never time on one GPU at once.
 """
 
 from __future__ import annotations
@@ -18,13 +23,26 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from cuda_agent.synth.devices import listed_gpu_entries
+
 _THREAD_LOCKS: dict[str, threading.Lock] = {}
 _THREAD_LOCKS_GUARD = threading.Lock()
 
 
+def lock_name(device: str) -> str:
+    """The physical device behind ``device`` as this process sees it: ``cuda`` and ``cuda:<i>``
+    become ``gpu-<CUDA_VISIBLE_DEVICES entry>``; other names (``cpu``, ``gpu-0``) stay."""
+    match = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if match is None:
+        return device
+    index = int(match.group(1) or 0)
+    entries = listed_gpu_entries()
+    return f"gpu-{entries[index] if entries and index < len(entries) else index}"
+
+
 def lock_file(device: str) -> Path:
     """The file whose ``flock`` serialises measurements on ``device`` (``cuda``, ``cuda:1``, ``cpu``)."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", device)
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", lock_name(device))
     return Path(tempfile.gettempdir()) / f"cuda-agent-timing-{name}.lock"
 
 
@@ -32,7 +50,7 @@ def lock_file(device: str) -> Path:
 def measuring(device: str) -> Iterator[None]:
     """Hold ``device`` for one measurement; blocks while another thread or process holds it."""
     with _THREAD_LOCKS_GUARD:
-        thread_lock = _THREAD_LOCKS.setdefault(device, threading.Lock())
+        thread_lock = _THREAD_LOCKS.setdefault(lock_name(device), threading.Lock())
     with thread_lock:
         fd = os.open(lock_file(device), os.O_RDONLY | os.O_CREAT, 0o644)
         try:

@@ -16,7 +16,8 @@ Task code runs in the trusted reference worker of the evaluation environment (it
 with a memory limit and a timeout per step), never in the caller. The checks' forward passes and
 the timing take the device's measurement lock (:mod:`cuda_agent.synth.device_lock`), so lanes
 never time while another runs the GPU; only ``torch.compile`` (building, then a warm-up call)
-runs outside it, so compilation proceeds in parallel.
+runs outside it, so compilation proceeds in parallel. A lane given a :class:`LaneDevice` works on
+that GPU alone: its worker sees only it, and it takes that GPU's lock.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.degenerate import DEFAULT_ATOL
 from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProcess, WorkerTimeout, child_env
 from cuda_agent.synth.device_lock import measuring
+from cuda_agent.synth.devices import LaneDevice
 from cuda_agent.synth.records import TaskRecord
 
 REASONS = ("import-error", "eager-error", "too-much-memory", "degenerate-output", "nondeterministic",
@@ -132,10 +134,16 @@ class TaskFilter:
 
     A task that kills or hangs its worker is rejected (``worker-died`` / ``timeout``) and the next
     task gets a fresh worker.
+
+    Args:
+        config: the rules' settings.
+        device: the device this lane works on; ``None``: ``config.device`` as this process sees it
+            (on ``cuda``, its first GPU).
     """
 
-    def __init__(self, config: FilterConfig) -> None:
+    def __init__(self, config: FilterConfig, device: LaneDevice | None = None) -> None:
         self.config = config
+        self.device = device
         self._scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-synth-filter-"))
         self._worker: WorkerProcess | None = None
         self._served = 0
@@ -213,7 +221,7 @@ class TaskFilter:
     def _measuring(self, outcome: FilterOutcome) -> Iterator[None]:
         """The device's measurement lock, with the wait for it counted as ``lock-wait``."""
         started = time.monotonic()
-        with measuring(self.config.device):
+        with measuring(self.config.device if self.device is None else self.device.name):
             outcome.seconds["lock-wait"] = outcome.seconds.get("lock-wait", 0.0) + time.monotonic() - started
             yield
 
@@ -238,7 +246,8 @@ class TaskFilter:
             self._worker = None
         if self._worker is None:
             # Parallelism comes from the lanes: one inductor compile thread each, not a pool per lane.
-            env = child_env({"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+            device_env = {} if self.device is None else self.device.env()
+            env = child_env({"TORCHINDUCTOR_COMPILE_THREADS": "1", **device_env})
             self._worker = WorkerProcess("cuda_agent.environment.reference_worker", env=env,
                                          cwd=self._scratch, log_path=self._scratch / "worker.log",
                                          mem_mb=self.config.worker_mem_mb)

@@ -1,7 +1,7 @@
 """The two record types the synthesis pipeline passes between stages.
 
 ``SeedOp`` is one mined operator (a row of the seed catalogue); ``TaskRecord`` is one composed
-task (a row of the dataset). Both composers, the deterministic one and the LLM one, produce
+task (a row of the dataset); ``Rejection`` is a task some stage turned down. Both composers, the deterministic one and the LLM one, produce
 ``TaskRecord``; the filter fills in its timing fields; the writer stores it with the columns of
 its core columns (``ops``, ``data_source``, ``code``, ``eager_ms``, ``compile_ms``, ``device``,
 ``seed_ops_version``, ``id``).
@@ -13,6 +13,9 @@ import dataclasses
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any
+
+SEED_OPS = "seed_ops.json"
+"""File name of the seed-op catalogue a run mines into its dataset directory."""
 
 SEED_OPS_VERSION = "1"
 """Bumped whenever mining changes what it records, so datasets say which catalogue made them."""
@@ -141,3 +144,16 @@ class TaskRecord:
     def from_row(cls, row: dict[str, Any]) -> TaskRecord:
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in row.items() if k in known})
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """One task id the pipeline turned down, and why (a funnel entry of the card)."""
+
+    id: str
+    stage: str
+    """Pipeline stage that rejected it (``filter``, ``decontaminate``, ...)."""
+    reason: str
+    """Named, countable reason (``not_deterministic``, ``benchmark_match``, ...)."""
+    detail: str = ""
+    """Free text for humans (the matched benchmark file, an error line); never counted."""
