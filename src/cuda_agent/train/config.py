@@ -179,9 +179,14 @@ class LoRAConfig:
     """Dropout on the adapter's input."""
     target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     """Names of the linear layers that get adapters (those the model lacks are skipped)."""
+    last_layers: int = 0
+    """Adapt only the last N transformer blocks (0: all). The backward pass then stops at the lowest
+    adapted block: a step on a 5,875-token episode of SmolLM2-135M on 2 CPU cores takes 28 s with
+    the last 2 of its 30 blocks, 88 s with all."""
 
     def __post_init__(self) -> None:
         _require(self.rank >= 0, f"rank must be >= 0, got {self.rank}")
+        _require(self.last_layers >= 0, f"last_layers must be >= 0, got {self.last_layers}")
         _require(self.alpha > 0, f"alpha must be > 0, got {self.alpha}")
         _require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}")
         _require(bool(self.target_modules), "target_modules must name at least one module")

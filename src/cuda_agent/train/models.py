@@ -205,9 +205,13 @@ class ModelSet:
             if module is not None:
                 module.train(training)
 
-    def save_actor(self, folder: Path) -> None:
-        """Write the actor (adapters merged) and tokenizer as a transformers folder. Merging
-        changes the live model, so call it when the stage is done with the actor."""
+    def save_actor(self, folder: Path, adapter_folder: Path) -> None:
+        """Write the actor (adapters merged) and tokenizer as a transformers folder and, with LoRA,
+        the adapters alone to ``adapter_folder`` (a PEFT folder: the ``hf`` policy's
+        ``adapter_path`` applies it to the starting model). Merging changes the live model, so call
+        it when the stage is done with the actor."""
+        if self.lora:
+            self.actor.save_pretrained(adapter_folder)
         model = self.actor.merge_and_unload() if self.lora else self.actor
         folder.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(folder)
@@ -242,8 +246,20 @@ def _with_lora(model: nn.Module, config: ModelConfig) -> nn.Module:
         raise ModelLoadError(f"model.lora.target_modules {list(config.lora.target_modules)} match no module of "
                              f"the actor; its linear layers include {sorted(present)[:20]}")
     lora = PeftLoraConfig(r=config.lora.rank, lora_alpha=config.lora.alpha, lora_dropout=config.lora.dropout,
-                          target_modules=targets, task_type="CAUSAL_LM")
+                          target_modules=targets, layers_to_transform=_last_layers(model, config.lora.last_layers),
+                          task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
+
+
+def _last_layers(model: nn.Module, count: int) -> list[int] | None:
+    """Indices of the model's last ``count`` transformer blocks (None: all of them)."""
+    if count == 0:
+        return None
+    blocks = getattr(model.config, "num_hidden_layers", None)
+    if not isinstance(blocks, int):
+        raise ModelLoadError("model.lora.last_layers needs the actor's config to state num_hidden_layers; "
+                             "set last_layers: 0 to adapt every block")
+    return list(range(max(0, blocks - count), blocks))
 
 
 def parameter_count(module: nn.Module, trainable_only: bool = False) -> int:

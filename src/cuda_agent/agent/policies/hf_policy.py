@@ -105,6 +105,8 @@ class HFPolicy(Policy):
                 model = PeftModel.from_pretrained(model, config.adapter_path)
             model = model.to(config.device)
         self.model = model.eval()
+        self.stop_ids = stop_token_ids(self.tokenizer, model)
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self._pending: list[tuple[tuple[int, ...], asyncio.Future]] = []
         self._batcher: asyncio.Task | None = None
 
@@ -140,17 +142,21 @@ class HFPolicy(Policy):
         with torch.no_grad(), autocast, without_cudnn_attention(device_type):
             output = self.model.generate(input_ids=input_ids.to(cfg.device), attention_mask=attention.to(cfg.device),
                                          max_new_tokens=cfg.max_new_tokens, pad_token_id=tok.pad_token_id,
-                                         eos_token_id=tok.eos_token_id, use_cache=True, **sampling)
+                                         eos_token_id=list(self.stop_ids), use_cache=True, **sampling)
         generations = []
         for prompt, row in zip(prompts, output[:, width:].tolist()):
-            stop = row.index(tok.eos_token_id) + 1 if tok.eos_token_id in row else len(row)
+            stop = next((i + 1 for i, token in enumerate(row) if token in self.stop_ids), None)
             completion = tuple(row[:stop])
             generations.append(Generation(prompt, completion, tok.decode(completion, skip_special_tokens=True),
-                                          "stop" if tok.eos_token_id in completion else "length"))
+                                          "length" if stop is None else "stop"))
         return generations
 
     async def act(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], episode_id: str) -> PolicyReply:
         prompt = self.prompt_ids(messages, tools)
+        if self.max_positions and len(prompt) + self.config.max_new_tokens > self.max_positions:
+            raise PolicyError(f"{self.config.model_path}: a prompt of {len(prompt)} tokens plus max_new_tokens="
+                              f"{self.config.max_new_tokens} exceeds the model's {self.max_positions} positions; "
+                              f"set agent.context.window_tokens to at most {self.max_positions}")
         future: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending.append((prompt, future))
         if self._batcher is None or self._batcher.done():
@@ -171,3 +177,12 @@ class HFPolicy(Policy):
                 continue
             for (_, future), result in zip(batch, results):
                 future.set_result(result)
+
+
+def stop_token_ids(tokenizer: Any, model: Any) -> tuple[int, ...]:
+    """Every token that ends a turn: the tokenizer's end-of-sequence token and the model's
+    generation config's (one id or several: chat models often end a turn with a token of their
+    own, e.g. ``<|eot_id|>`` or ``<|im_end|>``, beside the end-of-text token)."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    configured = configured if isinstance(configured, (list, tuple)) else [configured]
+    return tuple(dict.fromkeys(i for i in (tokenizer.eos_token_id, *configured) if i is not None))

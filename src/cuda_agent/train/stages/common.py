@@ -6,6 +6,7 @@ A stage's folder::
     stage.json        format, stage, status (running | stopped | completed), the configuration it
                       runs with, its input folder, the actor and critic it hands on, a summary
     actor/, critic/   the models it trained (a stage that trains no actor points at its input's)
+    adapter/          with LoRA: the actor's adapters alone (PEFT), on top of the stage's starting actor
     metrics.jsonl     one line per step; tensorboard/ beside it
     checkpoints/      the newest full training states (resume)
 
@@ -28,6 +29,7 @@ from cuda_agent.train.config_loading import to_jsonable
 STAGE_FILE = "stage.json"
 STAGE_FORMAT = "cuda-agent-train-stage/1"
 ACTOR_DIR = "actor"
+ADAPTER_DIR = "adapter"
 CRITIC_DIR = "critic"
 
 

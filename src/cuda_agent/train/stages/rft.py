@@ -25,7 +25,7 @@ from cuda_agent.train.rollout import collect_episodes, training_policy
 from cuda_agent.train.sequences import TokenRow, trajectory_rows
 from cuda_agent.train.sft import SFTLearner
 from cuda_agent.train.stages.common import (
-    ACTOR_DIR, StageContext, StageError, StageRecord, StageResult, stage_settings,
+    ACTOR_DIR, ADAPTER_DIR, StageContext, StageError, StageRecord, StageResult, stage_settings,
 )
 from cuda_agent.train.trainer import TaskSampler, TrainingLoop
 
@@ -130,7 +130,7 @@ def run_rft(context: StageContext) -> StageResult:
     if not outcome.completed:
         record.write(status="stopped")
         return StageResult("rft", context.out_dir, False, outcome.step, steps, outcome.stopped)
-    models.save_actor(context.out_dir / ACTOR_DIR)
+    models.save_actor(context.out_dir / ACTOR_DIR, context.out_dir / ADAPTER_DIR)
     history = read_metrics(context.out_dir)
     summary = {"filter": report.to_dict(), "rows": len(rows), "steps": steps,
                "last_step": history[-1] if history else {}}

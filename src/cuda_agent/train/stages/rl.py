@@ -22,7 +22,7 @@ from cuda_agent.train.ppo import PPOLearner
 from cuda_agent.train.rollout import TrainingPolicy, training_policy
 from cuda_agent.train.sequences import TokenRow
 from cuda_agent.train.stages.common import (
-    ACTOR_DIR, CRITIC_DIR, StageContext, StageRecord, StageResult, stage_settings,
+    ACTOR_DIR, ADAPTER_DIR, CRITIC_DIR, StageContext, StageRecord, StageResult, stage_settings,
 )
 from cuda_agent.train.trainer import PeakMemory, TaskSampler, TrainingLoop
 
@@ -136,7 +136,7 @@ def run_rl_stage(context: StageContext, stage: str, section: PPOConfig | ValueCo
         return StageResult(stage, context.out_dir, False, outcome.step, section.steps, outcome.stopped)
     models.save_critic(context.out_dir / CRITIC_DIR)
     if train_actor:
-        models.save_actor(context.out_dir / ACTOR_DIR)
+        models.save_actor(context.out_dir / ACTOR_DIR, context.out_dir / ADAPTER_DIR)
     history = read_metrics(context.out_dir)
     summary = {"steps": section.steps, "resumed_from": outcome.resumed_from, "last_step": history[-1] if history else {}}
     record.finish(context.out_dir / ACTOR_DIR if train_actor else actor, context.out_dir / CRITIC_DIR, summary)
