@@ -71,6 +71,7 @@ PRESET_DEPENDENT = {
     "eager_ms", "compile_ms", "candidate_ms", "speedup_vs_eager", "speedup_vs_compile", "speedups", "baselines",
     "candidate_timing", "phase_seconds", "build", "notes",
     "environment",  # per evaluation: the sandbox uid, whether workers were prestarted
+    "memory_mb",  # measured per evaluation (resident memory of each worker)
 }
 
 

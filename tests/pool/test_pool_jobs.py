@@ -91,6 +91,8 @@ def test_verdict_round_trips_through_its_json_form() -> None:
                     "error_ratio": None}],
         "build": {"cached": True, "seconds": 0.1, "key": "k", "log_tail": "", "compile_stats": {}}, "notes": [],
         "phase_seconds": {"total": 1.0}, "environment": {"torch": "2.13"},
+        "problem_bytes": {"input_bytes": 16, "output_bytes": None},
+        "memory_mb": {"reference": {"loaded_host_mb": 300.0, "peak_host_mb": 310.5}},
     }
     verdict = Verdict.from_json_dict(data)
     assert verdict.status is Status.CORRECT and verdict.baselines["eager_tf32_off"].n == 10
