@@ -176,7 +176,7 @@ class TaskFilter:
         task_file.write_text(record.code)
         with self._timed(outcome, "start"):
             self._ask("import-error", {"op": "load", "task_file": str(task_file), "device": config.device,
-                                       "init_seed": 42, "precision": "kernelbench", "draw_on_device": True})
+                                       "init_seed": 42, "precision": "kernelbench"})
         with self._measuring(outcome), self._timed(outcome, "checks"):  # forward passes: keep off others' timing
             memory = self._ask("eager-error", {"op": "footprint", "seed": 42})["bytes"] / 2**20
             outcome.memory_mb = memory
