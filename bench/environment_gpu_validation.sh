@@ -97,8 +97,10 @@ real-sizes)
         --cache-dir "$C" --time-budget-s 400 --out "$OUT/real_sizes.json"
     ;;
 selfcheck)
+    # GPUS=0 for the one-GPU figures (default: every GPU; KEY=selfcheck_4gpu names a 4-GPU run's JSON key)
     run selfcheck 560 python bench/real_sizes.py --parts selfcheck --levels ${LEVELS:-1 2 3} --kernelbench "$KB" \
-        --work "$WORK" --cache-dir "$C" --time-budget-s 540 --out "$OUT/real_sizes_selfcheck.json"
+        --work "$WORK" --cache-dir "$C" --time-budget-s 540 --selfcheck-key "${KEY:-selfcheck}" ${GPUS:+--gpus "$GPUS"} \
+        --out "$OUT/real_sizes_selfcheck.json"
     ;;
 *)
     echo "unknown step $step (safety-cpu, safety-cuda, builds, perf, timing, precision, real-sizes or selfcheck)" >&2

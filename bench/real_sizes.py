@@ -241,10 +241,11 @@ def measure_kernelbench(args: argparse.Namespace, result: dict[str, Any], budget
     write_json(result, args.out)
 
 
-def _tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget) -> dict[str, Any]:
+def _tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget, gpus: str | None) -> dict[str, Any]:
     """``cuda-agent tasks check`` in a subprocess until done or out of budget (it resumes)."""
     started = time.monotonic()
-    command = [sys.executable, "-m", "cuda_agent.cli", "tasks", "check", str(tasks), *extra, "--out", str(out_dir), "--json"]
+    command = [sys.executable, "-m", "cuda_agent.cli", "tasks", "check", str(tasks), *extra, "--out", str(out_dir), "--json",
+               *(["--gpus", gpus] if gpus else [])]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=max(10, budget.left_s()))
         report = json.loads(done.stdout) if done.stdout.strip().startswith("{") else None
@@ -277,7 +278,7 @@ def measure_selfcheck(args: argparse.Namespace, result: dict[str, Any], budget: 
     for level in args.levels:
         if budget.spent():
             break
-        entry = _tasks_check(args.kernelbench, ["--level", str(level)], args.work / f"level{level}", budget)
+        entry = _tasks_check(args.kernelbench, ["--level", str(level)], args.work / f"level{level}", budget, args.gpus)
         previous = section.get(f"level{level}", {})
         entry["wall_s"] += previous.get("wall_s", 0.0) if not previous.get("complete", True) else 0.0
         section[f"level{level}"] = entry
@@ -298,7 +299,7 @@ def measure_synth(args: argparse.Namespace, result: dict[str, Any], budget: Budg
         sample.mkdir()
         for task in random.Random(0).sample(loaded, 100):
             (sample / f"{task.id}.py").write_text(task.code)
-    entry = _tasks_check(sample, [], args.work / "synth_check", budget)
+    entry = _tasks_check(sample, [], args.work / "synth_check", budget, args.gpus)
     seconds = [row["phase_seconds"]["total"] for row in entry["problems"] if row["phase_seconds"].get("total")]
     entry["median_verdict_s"] = statistics.median(seconds) if seconds else None
     result["synth_sample"] = entry
@@ -320,6 +321,7 @@ def main() -> None:
     parser.add_argument("--kernelbench", type=Path, help="a KernelBench checkout (its KernelBench/ and src/ folders)")
     parser.add_argument("--levels", nargs="+", type=int, default=[1, 2, 3])
     parser.add_argument("--selfcheck-key", default="selfcheck", help="JSON key of the self-check part")
+    parser.add_argument("--gpus", default=None, help="GPUs the self-check and synth parts use, e.g. 0 (default: all visible)")
     parser.add_argument("--work", type=Path, default=None, help="folder for tasks, builds and resumable runs")
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--time-budget-s", type=float, default=540)
