@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from cuda_agent.evaluate import ResultsStore, load_task_set, match_solutions
-from cuda_agent.evaluate.runner import plan_run, still_to_do
+from cuda_agent.evaluate.runner import plan_run, still_to_do, write_selfcheck_solutions
 from cuda_agent.evaluate.store import HARNESS_ERROR, ResultRecord
 
 from support import SMALL_RELU_TASK
@@ -40,3 +40,27 @@ def test_resume_skips_finished_tasks_but_not_changed_solutions_or_harness_errors
     assert missing.job is None and missing.settled.status == "missing"
     store.record("run", missing.settled)
     assert {p.task.key for p in still_to_do(store, "run", replanned)} == {"b", "c"}
+
+
+def test_selfcheck_candidate_runs_with_the_tf32_setting_of_its_reference(tmp_path: Path) -> None:
+    """The self-check's candidate is the task's own ``Model`` with TF32 set as the fp32 reference
+    runs (off, unless the policy compares against a TF32 reference): at PyTorch's defaults every
+    convolution would carry TF32's error and fail a faithful comparison."""
+    import importlib.util
+
+    import torch
+
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "relu.py").write_text(SMALL_RELU_TASK.read_text())
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for tf32 in (False, True):
+            write_selfcheck_solutions(load_task_set(tmp_path / "tasks"), tmp_path / f"check-{tf32}", tf32)
+            spec = importlib.util.spec_from_file_location(f"selfcheck_{tf32}", tmp_path / f"check-{tf32}" / "relu.py")
+            module = importlib.util.module_from_spec(spec)
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = not tf32
+            spec.loader.exec_module(module)
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (tf32, tf32)
+            assert issubclass(module.ModelNew, module.Model)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.environment import EvalConfig, SolutionError, Status
+from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.presets import describe
 from cuda_agent.evaluate.metrics import MISSING
 from cuda_agent.evaluate.store import HARNESS_ERROR, STORE_FILE, ResultRecord, ResultsStore, StoreError
@@ -129,13 +130,18 @@ def selfcheck_config(config: EvalConfig) -> EvalConfig:
     return config.replace(guards=guards, verify=dataclasses.replace(config.verify, require_extension_call=False))
 
 
-def write_selfcheck_solutions(tasks: list[EvalTask], folder: Path) -> None:
-    """One candidate per loaded task: the task's own code, with ``ModelNew`` as ``Model``."""
+def write_selfcheck_solutions(tasks: list[EvalTask], folder: Path, tf32: bool) -> None:
+    """One candidate per loaded task: the task's own code, with ``ModelNew`` as ``Model``, run with
+    TF32 as the fp32 reference it is compared with (``tf32``: on for matmuls and convolutions, else
+    off). Left at PyTorch's defaults (TF32 on for cuDNN convolutions), every convolution would
+    carry TF32's error, which a faithful comparison rightly fails."""
     folder.mkdir(parents=True, exist_ok=True)
     for task in tasks:
         if task.task is None:
             continue
-        source = (f"{task.task.code.rstrip()}\n\n\nclass ModelNew(Model):\n"
+        source = (f"{task.task.code.rstrip()}\n\n\nimport torch as _torch\n\n"
+                  f"_torch.backends.cuda.matmul.allow_tf32 = _torch.backends.cudnn.allow_tf32 = {tf32}\n\n\n"
+                  "class ModelNew(Model):\n"
                   '    """The reference itself, judged as its own candidate (cuda-agent tasks check)."""\n')
         path = folder / f"{task.key}.py"
         if not path.is_file() or path.read_text() != source:
@@ -151,7 +157,7 @@ def _solutions_for(spec: RunSpec, task_set: list[EvalTask], events: RunEvents) -
         return spec.solutions
     if spec.selfcheck:
         folder = spec.run_dir / SELFCHECK_FOLDER
-        write_selfcheck_solutions(task_set, folder)
+        write_selfcheck_solutions(task_set, folder, POLICIES.get(spec.config.verify.precision).needs_tf32_reference)
         return folder
     return _agent_solutions(spec, task_set, events)
 
