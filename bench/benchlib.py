@@ -130,6 +130,39 @@ def write_json(result: dict[str, Any], out: Path | None) -> None:
     out.write_text(json.dumps(result, indent=2, default=str) + "\n")
 
 
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``cuda-agent ARGS`` in a fresh process of this interpreter, with ``env`` on top of ours."""
+    return subprocess.run([sys.executable, "-m", "cuda_agent.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **env})
+
+
+def cli_verify(task: Path, solution: Path, device: str, env: dict[str, str], *extra: str) -> tuple[float, dict]:
+    """Wall seconds of ``cuda-agent verify TASK SOLUTION --json [extra]`` in a fresh process, and its
+    JSON verdict (its ``phase_seconds`` say where the time went inside the command)."""
+    started = time.perf_counter()
+    result = cli("verify", str(task), str(solution), "--device", device, "--json", *extra, env=env)
+    elapsed = time.perf_counter() - started
+    verdict = json.loads(result.stdout or "{}") if result.returncode == 0 else {}
+    if not verdict.get("correct") or "warning" in result.stderr:
+        raise SystemExit(f"cuda-agent verify failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return elapsed, verdict
+
+
+def cli_keep_warm(task: Path, solution: Path, device: str, env: dict[str, str], runs: int,
+                  think_s: float) -> list[tuple[float, dict]]:
+    """``runs + 1`` calls of ``cuda-agent verify --keep-warm`` (the first starts the evaluator),
+    ``think_s`` apart; the evaluator is stopped after."""
+    try:
+        calls = []
+        for run in range(runs + 1):
+            if run:
+                time.sleep(think_s)
+            calls.append(cli_verify(task, solution, device, env, "--keep-warm"))
+        return calls
+    finally:
+        cli("warm", "stop", env=env)
+
+
 def median(values: list[float]) -> float | None:
     import statistics
 

@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchlib import device_label, machine_details, median_phases
+from benchlib import cli_keep_warm, cli_verify, device_label, machine_details, median_phases
 
 from cuda_agent.cli import examples_dir
 from cuda_agent.cli_support import default_device
@@ -57,38 +55,6 @@ def _timed(task, solution: Path, config: EvalConfig, prestarted: Prestarter | No
     if not verdict.correct:
         raise SystemExit(f"benchmark candidate failed: {verdict.status.value}: {verdict.error}")
     return elapsed, verdict
-
-
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cuda_agent.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **env})
-
-
-def _cli_verify(task: Path, solution: Path, device: str, env: dict[str, str], *extra: str) -> tuple[float, dict]:
-    """Wall seconds of ``cuda-agent verify TASK SOLUTION --json [extra]`` in a fresh process, and its
-    JSON verdict (its ``phase_seconds`` say where the time went inside the command)."""
-    started = time.perf_counter()
-    result = _cli("verify", str(task), str(solution), "--device", device, "--json", *extra, env=env)
-    elapsed = time.perf_counter() - started
-    verdict = json.loads(result.stdout or "{}") if result.returncode == 0 else {}
-    if not verdict.get("correct") or "warning" in result.stderr:
-        raise SystemExit(f"cuda-agent verify failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    return elapsed, verdict
-
-
-def _cli_keep_warm(task: Path, solution: Path, device: str, env: dict[str, str], runs: int,
-                   think_s: float) -> list[tuple[float, dict]]:
-    """``runs + 1`` calls of ``cuda-agent verify --keep-warm`` (the first starts the evaluator),
-    ``think_s`` apart; the evaluator is stopped after."""
-    try:
-        calls = []
-        for run in range(runs + 1):
-            if run:
-                time.sleep(think_s)
-            calls.append(_cli_verify(task, solution, device, env, "--keep-warm"))
-        return calls
-    finally:
-        _cli("warm", "stop", env=env)
 
 
 def main() -> None:
@@ -125,8 +91,8 @@ def main() -> None:
         task_file = root / "tasks" / f"{args.task}.py"
         env = {"CUDA_AGENT_CACHE_DIR": str(config.cache_dir), "CUDA_AGENT_WARM_DIR": str(workspace / "warm")}
         (workspace / "warm").mkdir(mode=0o700)
-        cli_runs = [_cli_verify(task_file, solution, device, env) for _ in range(args.cli_runs)]
-        keep_warm_runs = _cli_keep_warm(task_file, solution, device, env, args.cli_runs, args.think_s)
+        cli_runs = [cli_verify(task_file, solution, device, env) for _ in range(args.cli_runs)]
+        keep_warm_runs = cli_keep_warm(task_file, solution, device, env, args.cli_runs, args.think_s)
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     cached = [t for t, _ in cached_runs]

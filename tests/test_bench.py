@@ -75,6 +75,15 @@ def test_merge_puts_every_headline_key_at_the_top(results, tmp_path: Path) -> No
     assert {"compile", "timing", "throughput"} <= data.keys()
 
 
+def test_keep_warm_bench_times_plain_and_keep_warm_calls(tmp_path: Path, session_cache_dir: Path) -> None:
+    data = _run("keep_warm.py", tmp_path / "keep_warm.json", "--calls", "1", "--think-s", "0",
+                cache_dir=session_cache_dir)
+    plain, [warm] = data["plain"], data["keep_warm"]
+    assert plain["prestarted"] == [False] and warm["prestarted"] == [True] and warm["think_s"] == 0
+    assert plain["median_s"] > plain["median_phase_seconds"]["total"] > 0 and warm["first_call_s"] > 0
+    assert len(warm["candidate_rel_std_err"]) == 1 and len(warm["load_1min"]) == 2
+
+
 def test_generation_speed_bench_times_a_decoding_step_per_setting(tmp_path: Path) -> None:
     out = tmp_path / "generation_speed.json"
     command = [sys.executable, str(BENCH / "generation_speed.py"), "--device", "cpu", "--size", "tiny", "--batch", "2",

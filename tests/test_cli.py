@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -155,11 +156,45 @@ def test_verify_on_cuda_without_a_gpu_is_bad_usage(cli, cli_env) -> None:
     assert "Traceback" not in result.stderr + result.stdout
 
 
+def test_verify_of_a_cuda_solution_on_the_cpu_says_so_before_building(verify_json) -> None:
+    """It was a compile_error after 10 s: "CUDA_HOME environment variable is not set"."""
+    result = verify_json(SMALL_RELU_TASK, EXAMPLES / "solutions" / "cuda" / "relu.py")
+    assert result.returncode == 0, result.stderr
+    verdict = json.loads(result.stdout)
+    assert (verdict["status"], verdict["reward"], verdict["build"]) == ("compile_error", -1, None)
+    assert verdict["error"].startswith("relu.py is a CUDA solution (relu.py:77 cuda_sources) and the device is the CPU")
+    assert verdict["phase_seconds"]["total"] < 1, "it waited for workers or a compiler"
+
+
+def test_verify_table_on_the_cpu_names_the_device_as_cpu_and_no_tf32(cli, cli_env, fast_config_file) -> None:
+    """A verdict that ended before any worker reported the hardware says ``cpu`` too (others say
+    ``cpu (<model>)``); the CPU has no TF32 to name."""
+    result = run_cli(cli, cli_env, "verify", SMALL_RELU_TASK, EXAMPLES / "solutions" / "cuda" / "relu.py", "--device",
+                     "cpu", "--config", fast_config_file, timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    flat = one_line(result.stdout)
+    assert "│ device │ cpu │" in flat and "│ precision policy │ faithful │" in flat and "TF32" not in flat
+
+
 @pytest.mark.parametrize("command", [["eval"], ["serve"], ["train", "all"], ["synth", "run"], ["agent", "run"]])
 def test_help_is_not_cut_when_piped(cli, cli_env, command) -> None:
     env = {key: value for key, value in cli_env.items() if key != "COLUMNS"}
     result = run_cli(cli, env, *command, "--help", timeout_s=120)
     assert result.returncode == 0 and "…" not in result.stdout
+
+
+@pytest.mark.parametrize(("command", "usage"), [([], "[OPTIONS] COMMAND [ARGS]..."),
+                                              (["verify"], "verify [OPTIONS] PROBLEM SOLUTION"),
+                                              (["tasks", "list"], "tasks list [OPTIONS] PATH"),
+                                              (["eval"], "eval [OPTIONS]")])
+def test_help_names_arguments_as_usual_and_gives_flags_no_type(cli, cli_env, command, usage) -> None:
+    result = run_cli(cli, cli_env, *command, "--help", timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    [usage_line] = [line for line in result.stdout.splitlines() if "Usage:" in line]
+    assert usage_line.strip().endswith(usage), usage_line
+    assert "--help" in result.stdout and "<bool>" not in result.stdout
+    if command == ["eval"]:
+        assert "(default: runs/eval-<solutions folder name>)" in one_line(result.stdout.replace("│", " "))
 
 
 def test_version(cli, cli_env) -> None:
@@ -230,6 +265,31 @@ def test_tasks_list_exits_2_for_a_nonexistent_path(cli, cli_env, tmp_path: Path)
     assert "no such file or directory" in one_line(result.stderr)
 
 
+def test_tasks_list_on_a_folder_without_problems_names_the_task_sets_below_it_and_exits_2(
+        cli, cli_env, tmp_path: Path) -> None:
+    """As ``tasks list examples/data`` did: the sample dataset is one folder deeper."""
+    (tmp_path / "level1").mkdir()
+    (tmp_path / "level1" / "1_relu.py").write_text(SMALL_RELU_TASK.read_text())
+    (tmp_path / "sample").mkdir()
+    (tmp_path / "sample" / "tasks.jsonl").write_text(json.dumps({"code": SMALL_RELU_TASK.read_text()}) + "\n")
+    result = run_cli(cli, cli_env, "tasks", "list", tmp_path, "--no-import-check", timeout_s=120)
+    assert result.returncode == 2, result.stdout
+    flat = one_line(result.stderr)
+    assert "no problem files (*.py) in this folder" in flat
+    assert f"{tmp_path / 'level1'}/" in flat and str(tmp_path / "sample" / "tasks.jsonl") in flat
+
+
+def test_tables_off_a_terminal_keep_names_whole(cli, cli_env, tmp_path: Path) -> None:
+    """Piped, with no COLUMNS set, a name wider than a third of the old 120 columns beside a long
+    error stays on one line (it was folded: "add_relu_m / ul")."""
+    name = "a_task_whose_name_is_long_enough_to_be_folded_in_a_narrow_table_of_three_columns"
+    (tmp_path / f"{name}.py").write_text("def get_inputs(): return []\ndef get_init_inputs(): return []\n")
+    env = {key: value for key, value in cli_env.items() if key != "COLUMNS"}
+    result = run_cli(cli, env, "tasks", "list", tmp_path, "--no-import-check", timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    assert name in result.stdout and "missing top-level Model" in one_line(result.stdout)
+
+
 # -- demo --------------------------------------------------------------------------------------
 
 @pytest.mark.slow
@@ -244,8 +304,28 @@ def test_demo_on_cpu_evaluates_every_sample_and_exits_0(cli, cli_env, fast_confi
     assert "correct" in out and "failed" not in result.stderr
     assert "…" not in out, "a table cell was cut instead of wrapped"
     steps = re.findall(r"^\[\s*\d+\.\d s\] (.+): (\d+)/(\d+)$", result.stderr, flags=re.M)
+    assert steps[0] == ("building samples in parallel", "0", steps[0][2]), "no line as the (cold) builds begin"
     assert ("building samples in parallel", "1", steps[0][2]) in steps, "no plain progress line when not a terminal"
     assert steps[-1][1] == steps[-1][2], "the last evaluation step was not reported"
+
+
+@pytest.mark.slow
+def test_demo_json_tells_each_sample_apart_by_layout_and_solution(cli, cli_env, fast_config_file,
+                                                                 tmp_path: Path) -> None:
+    """Both layouts of one task: two verdicts of the same task that only these fields tell apart."""
+    (tmp_path / "tasks").mkdir()
+    shutil.copy(SMALL_RELU_TASK, tmp_path / "tasks" / "relu.py")
+    (tmp_path / "solutions" / "cpu").mkdir(parents=True)
+    shutil.copy(EXAMPLES / "solutions" / "cpu" / "relu.py", tmp_path / "solutions" / "cpu" / "relu.py")
+    shutil.copytree(EXAMPLES / "solutions" / "cpu_workdir" / "relu", tmp_path / "solutions" / "cpu_workdir" / "relu")
+    result = run_cli(cli, cli_env, "demo", "--device", "cpu", "--no-compile-baseline", "--config", fast_config_file,
+                     "--examples", tmp_path, "--json")
+    assert result.returncode == 0, result.stderr[-3000:]
+    entries = json.loads(result.stdout)
+    assert [(e["task"], e["layout"], e["correct"]) for e in entries] == [("relu", "single-file", True),
+                                                                        ("relu", "workdir", True)]
+    assert [Path(e["solution"]) for e in entries] == [tmp_path / "solutions" / "cpu" / "relu.py",
+                                                      tmp_path / "solutions" / "cpu_workdir" / "relu"]
 
 
 def test_the_command_parent_never_imports_torch_to_verify(cli_env) -> None:

@@ -15,7 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from cuda_agent.agent.cli import agent_app, optimize, traj_app
-from cuda_agent.cli_output import WrappingTable, step_progress
+from cuda_agent.cli_cache import cache_app
+from cuda_agent.cli_output import CliApp, WrappingTable, step_progress
 from cuda_agent.cli_support import (
     PRESET_HELP, build_eval_config, console, err_console, fail_usage, require_local_device,
 )
@@ -30,9 +31,9 @@ from cuda_agent.train.cli import train_app
 from cuda_agent.warm import WarmError, evaluate_warm
 from cuda_agent.warm.cli import warm_app
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Agentic RL for CUDA kernels: evaluate candidates with a hack-resistant reward.")
-tasks_app = typer.Typer(no_args_is_help=True, help="Inspect task sets (KernelBench folders, datasets).")
+app = CliApp(add_completion=False, no_args_is_help=True,
+             help="Agentic RL for CUDA kernels: evaluate candidates with a hack-resistant reward.")
+tasks_app = CliApp(no_args_is_help=True, help="Inspect task sets (KernelBench folders, datasets).")
 app.add_typer(tasks_app, name="tasks")
 tasks_app.command("check")(tasks_check_command)
 app.add_typer(synth_app, name="synth")
@@ -58,6 +59,7 @@ app.command("eval")(eval_command)
 app.command("report")(report_command)
 app.command("serve")(serve_command)
 app.add_typer(warm_app, name="warm")
+app.add_typer(cache_app, name="cache")
 
 
 def _fmt(value: Optional[float], unit: str = "") -> str:
@@ -70,7 +72,7 @@ def _verdict_table(verdict: Verdict) -> Table:
         ("reward", str(verdict.reward)),
         ("compiled / correct", f"{verdict.compiled} / {verdict.correct}"),
         ("preset", verdict.preset),
-        ("precision policy", f"{verdict.precision_policy} (speed-ups vs TF32 {verdict.reward_baseline.replace('tf32_', '')})"),
+        ("precision policy", _precision_label(verdict)),
         ("candidate", _fmt(verdict.candidate_ms, " ms")),
         ("eager", _fmt(verdict.eager_ms, " ms")),
         ("torch.compile", _fmt(verdict.compile_ms, " ms")),
@@ -78,7 +80,7 @@ def _verdict_table(verdict: Verdict) -> Table:
         ("speed-up vs compile", _fmt(verdict.speedup_vs_compile, "x")),
         ("trials passed", f"{sum(t.passed for t in verdict.trials)}/{len(verdict.trials)}"),
         ("build", "—" if verdict.build is None else f"{verdict.build.seconds:.1f} s" + (" (cached)" if verdict.build.cached else "")),
-        ("device", verdict.environment.get("gpu") or verdict.environment.get("cpu") or verdict.device),
+        ("device", _device_label(verdict)),
     ]
     for name, value in rows:
         table.add_row(name, value)
@@ -89,6 +91,21 @@ def _verdict_table(verdict: Verdict) -> Table:
     if verdict.error:
         table.add_row("[red]error[/red]", verdict.error[-3000:])
     return table
+
+
+def _precision_label(verdict: Verdict) -> str:
+    """The policy, and on CUDA the TF32 setting of the baselines the reward compares against (the
+    CPU has no TF32)."""
+    if verdict.device != "cuda":
+        return verdict.precision_policy
+    return f"{verdict.precision_policy} (speed-ups vs TF32 {verdict.reward_baseline.replace('tf32_', '')})"
+
+
+def _device_label(verdict: Verdict) -> str:
+    """``cpu`` or ``cuda`` in every verdict, with the hardware when a worker reported it (a
+    verdict that ended before the workers loaded has none)."""
+    hardware = verdict.environment.get("gpu") or verdict.environment.get("cpu")
+    return f"{verdict.device} ({hardware})" if hardware else verdict.device
 
 
 @app.command()
@@ -104,10 +121,14 @@ def verify(
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
     preset: Optional[str] = typer.Option(None, help=PRESET_HELP),
     keep_warm: bool = typer.Option(False, "--keep-warm", envvar="CUDA_AGENT_KEEP_WARM",
-                                   help="Evaluate in this user's background evaluator for these settings, which keeps "
-                                        "workers warm for the next call (started on first use; exits after "
-                                        "$CUDA_AGENT_KEEP_WARM_IDLE_S idle seconds, default 600, or on "
-                                        "`cuda-agent warm stop`). Same verdict, seconds less per call."),
+                                   help="Evaluate in this user's background evaluator for these settings (started "
+                                        "on first use; exits after $CUDA_AGENT_KEEP_WARM_IDLE_S idle seconds, "
+                                        "default 600, or on `cuda-agent warm stop`). Same verdict, without starting "
+                                        "the workers: on a GPU host it starts the next call's while a call runs "
+                                        "(seconds less per call); on the CPU backend only after each verdict (they "
+                                        "would take the cores the timing runs on), so a call gains their start "
+                                        "(about 2.5 of 7 s on 2 cores) only when it comes that long after the "
+                                        "previous one, and calls back to back gain nothing."),
 ) -> None:
     """Build, verify and profile one candidate; print its verdict and reward.
 
@@ -222,7 +243,8 @@ def _sample_runs(root: Path, device: str) -> list[_SampleRun]:
 def demo(
     device: Optional[str] = typer.Option(None, help="cuda or cpu (default: cuda if a GPU is visible, else cpu)."),
     examples: Optional[Path] = typer.Option(None, help="Samples folder with tasks/ and solutions/<device>[_workdir]/."),
-    json_out: bool = typer.Option(False, "--json", help="Print a JSON list of verdicts instead of a table."),
+    json_out: bool = typer.Option(False, "--json", help="Print a JSON list of verdicts, each with its sample's "
+                                                        "layout and solution path, instead of a table."),
     compile_baseline: Optional[bool] = typer.Option(None, "--compile-baseline/--no-compile-baseline",
                                                     help="Time torch.compile too (needed for reward 3)."),
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
@@ -247,7 +269,8 @@ def demo(
             verdicts.append((run, evaluate(load_task(run.task_file), run.solution, eval_config)))
             progress.advance(bar)
     if json_out:
-        print(json.dumps([v.to_json_dict() for _, v in verdicts], default=str, allow_nan=False))
+        print(json.dumps([{**v.to_json_dict(), "layout": run.layout, "solution": str(run.solution)}
+                          for run, v in verdicts], default=str, allow_nan=False))
         return
     table = WrappingTable(title=f"sample tasks on {eval_config.device} (preset {eval_config.preset}, "
                                 f"precision {eval_config.verify.precision})")

@@ -19,10 +19,15 @@ EXIT_BAD_USAGE = 2
 PIPED_COLUMNS = "120"
 """Width of output that is not a terminal (a log, a pipe) when ``COLUMNS`` does not say: rich's 80
 would cut ``--help`` text short."""
+PIPED_TABLE_COLUMNS = 250
+"""Width of this module's stdout console off a terminal when ``COLUMNS`` does not say: nothing
+reflows a log, so a table takes the width its cells need (at 120, a ten-column table folded its
+names: "add_relu_m / ul") and only long text wraps."""
 
-if "COLUMNS" not in os.environ and not sys.stdout.isatty():
-    os.environ["COLUMNS"] = PIPED_COLUMNS  # read by these consoles and by typer's help, created later
-console = Console()
+_PIPED = "COLUMNS" not in os.environ and not sys.stdout.isatty()
+if _PIPED:
+    os.environ["COLUMNS"] = PIPED_COLUMNS  # read by typer's help and the stderr console, created later
+console = Console(width=PIPED_TABLE_COLUMNS if _PIPED else None)
 err_console = Console(stderr=True)
 
 

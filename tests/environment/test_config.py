@@ -9,7 +9,7 @@ import pytest
 from cuda_agent.environment import (
     BuildConfig, ConfigError, EvalConfig, LimitsConfig, TimingConfig, VerifyConfig,
 )
-from cuda_agent.environment.config import default_cache_dir
+from cuda_agent.environment.config import RewardConfig, default_cache_dir
 
 
 @pytest.mark.parametrize(
@@ -34,6 +34,9 @@ from cuda_agent.environment.config import default_cache_dir
         (lambda: LimitsConfig(timing_timeout_s=0), "limits.timing_timeout_s"),
         (lambda: LimitsConfig(mem_mb=100), "limits.mem_mb"),
         (lambda: EvalConfig(device="tpu"), "device"),
+        (lambda: RewardConfig(confidence=1.0), "reward.confidence"),
+        (lambda: RewardConfig(confidence=0.3), "reward.confidence"),
+        (lambda: RewardConfig(resample_budget_s=-1), "reward.resample_budget_s"),
     ],
 )
 def test_invalid_value_raises_config_error_naming_the_field(make, field: str) -> None:

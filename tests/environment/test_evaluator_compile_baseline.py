@@ -27,7 +27,8 @@ def test_compile_baseline_is_timed_and_the_reward_follows_both_speedups(run_eval
     assert verdict.speedup_vs_compile == pytest.approx(verdict.compile_ms / verdict.candidate_ms)
     assert verdict.speedups == pytest.approx({name: s.median_ms / verdict.candidate_ms
                                               for name, s in verdict.baselines.items()})
-    expected = 1
-    if verdict.speedup_vs_eager > 1.05:
-        expected = 3 if verdict.speedup_vs_compile > 1.05 else 2
-    assert verdict.reward == expected == milestone_reward(True, verdict.speedup_vs_eager, verdict.speedup_vs_compile)
+    expected = 1  # strict decides on the speed-ups' lower confidence bounds
+    if verdict.speedup_vs_eager_lower > 1.05:
+        expected = 3 if verdict.speedup_vs_compile_lower > 1.05 else 2
+    assert verdict.reward == expected == milestone_reward(True, verdict.speedup_vs_eager_lower,
+                                                          verdict.speedup_vs_compile_lower)

@@ -90,6 +90,7 @@ def test_compile_error_reports_the_compiler_message(run_evaluation, make_config,
     assert "broken_binding.cpp" in verdict.error
     assert "error: expected ';'" in verdict.error.replace("‘", "'").replace("’", "'")
     assert verdict.trials == [] and verdict.candidate_ms is None
+    assert not any("skipped" in note for note in verdict.notes), "no trial ran, so none was skipped"
     assert_honest_evaluation_succeeds()
 
 

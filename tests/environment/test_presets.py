@@ -32,8 +32,10 @@ def test_paper_preset_sets_the_papers_rules_and_sections_override_them() -> None
     timing = config.timing
     assert (timing.method, timing.warmup_calls, timing.min_samples, timing.max_samples) == ("profiler", 5, 10, 10)
     assert (timing.batch_min_ms, timing.flush_l2, timing.baseline_tf32) == (0.0, False, "pytorch_default")
-    assert config.reward.milestone == "time_saved"
+    assert (config.reward.milestone, config.reward.confidence) == ("time_saved", 0.0)  # measured times decide
+    assert EvalConfig().reward.confidence == 0.95  # strict: a 95 % lower bound
     assert "PyTorch's default TF32" in describe(config) and "preset paper" in describe(config)
+    assert "confidence" not in describe(config) and "at 95% confidence" in describe(EvalConfig())
     overridden = EvalConfig.from_dict({"preset": "paper", "verify": {"trials": 8}})
     assert overridden.verify.trials == 8 and overridden.verify.precision == "cuda-agent"
     assert EvalConfig.from_dict(config.to_dict()) == config
@@ -70,6 +72,9 @@ PRESET_DEPENDENT = {
     # measurements: a different timing method and loop, so other numbers
     "eager_ms", "compile_ms", "candidate_ms", "speedup_vs_eager", "speedup_vs_compile", "speedups", "baselines",
     "candidate_timing", "phase_seconds", "build", "notes",
+    # the milestone rule: strict's confidence bounds, paper's measured speed-ups
+    "reward_confidence", "speedup_vs_eager_lower", "speedup_vs_compile_lower",
+    "baseline_sources",  # each preset's baselines are cached apart (another timing method): timed or not
     "environment",  # per evaluation: the sandbox uid, whether workers were prestarted
     "memory_mb",  # measured per evaluation (resident memory of each worker)
 }
@@ -93,8 +98,9 @@ def test_honest_cpu_solutions_differ_between_presets_only_where_documented(
     assert {"scaled"} <= {t.kind for t in strict.trials}
     assert paper.candidate_timing.n == 10 and paper.candidate_timing.calls_per_sample == 1
     assert paper.baselines["eager_tf32_off"].n == 10
-    assert strict.reward == milestone_reward(True, strict.speedup_vs_eager, None, "speedup")
+    assert strict.reward == milestone_reward(True, strict.speedup_vs_eager_lower, None, "speedup")
     assert paper.reward == milestone_reward(True, paper.speedup_vs_eager, None, "time_saved")
+    assert paper.speedup_vs_eager_lower == paper.speedup_vs_eager and paper.reward_confidence == 0  # no bound
 
     strict_json, paper_json = strict.to_json_dict(), paper.to_json_dict()
     assert set(strict_json) == set(paper_json)

@@ -67,6 +67,19 @@ def test_workdir_without_bindings_is_a_self_contained_single_file(tmp_path: Path
     assert solution.model_file == root.resolve() / "model_new.py"
 
 
+def test_cuda_parts_name_cuda_kernels_and_load_calls_and_nothing_in_cpp_solutions(tmp_path: Path) -> None:
+    assert load_solution(EXAMPLES / "solutions" / "cuda" / "relu.py").cuda_parts() == ("relu.py:77 cuda_sources",)
+    assert load_solution(EXAMPLES / "solutions" / "cuda_workdir" / "relu").cuda_parts() == ("kernels/relu.cu",)
+    for cpp in ("cpu/relu.py", "cpu_workdir/relu", "cpu_workdir_binding/relu"):
+        assert load_solution(EXAMPLES / "solutions" / cpp).cuda_parts() == (), cpp
+    calls = tmp_path / "calls.py"
+    calls.write_text(MODEL_NEW + "from torch.utils.cpp_extension import load, load_inline\n"
+                     "a = load_inline('a', 'int f();', cuda_sources=[])\n"  # empty: C++ only
+                     "b = load_inline('b', 'int g();', 'int g() { return 0; }')\n"  # positional CUDA
+                     "c = load(name='c', sources=['c.cpp', 'k.cu'])\n")
+    assert load_solution(calls).cuda_parts() == ("calls.py:9 cuda_sources", "calls.py:10 .cu sources")
+
+
 def test_workdir_binding_name_must_be_an_identifier(tmp_path: Path) -> None:
     root = make_workdir(tmp_path / "w", {"my-relu_binding.cpp": "", "x.cpp": ""})
     with pytest.raises(SolutionError, match=r"binding name 'my-relu' is not a C identifier"):

@@ -132,3 +132,23 @@ def test_batch_size_follows_duration_count_and_memory_caps(call_ms, call_bytes, 
 
 def test_batching_off_times_one_call_per_sample() -> None:
     assert batch_size(0.001, 1, TimingConfig(batch_min_ms=0)) == 1
+
+
+def test_median_rel_err_matches_the_normal_theory_and_ignores_a_few_outliers() -> None:
+    """For normal samples the median's standard error is sqrt(pi/2) sigma / sqrt(n); a 5 % share of
+    100x outliers (a loaded machine) barely moves it, while the mean's error grows tenfold."""
+    import random
+
+    rng = random.Random(7)
+    samples = [rng.gauss(10.0, 1.0) for _ in range(400)]
+    expected = math.sqrt(math.pi / 2) * 1.0 / math.sqrt(400) / 10.0
+    clean = summarize(samples, budget_exhausted=False)
+    assert clean.median_rel_err == pytest.approx(expected, rel=0.2)
+    loaded = summarize(samples[:380] + [1000.0] * 20, budget_exhausted=False)
+    assert loaded.median_rel_err < 1.3 * clean.median_rel_err
+    assert loaded.rel_std_err > 10 * clean.rel_std_err
+
+
+def test_median_rel_err_of_three_samples_spans_them_and_of_one_is_unknown() -> None:
+    assert summarize([1.0, 2.0, 4.0], budget_exhausted=True).median_rel_err == pytest.approx(3.0 / (2 * 1.959964) / 2.0)
+    assert summarize([1.0], budget_exhausted=True).median_rel_err == math.inf

@@ -96,6 +96,32 @@ def test_plot_without_metrics_or_without_matplotlib_exits_2_saying_what_to_do(tm
     assert result.exit_code == 2 and "pip install 'cuda-agent[train]'" in " ".join(result.output.split())
 
 
+def test_without_the_train_extra_init_model_and_all_exit_2_naming_the_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # as if it were not installed
+    config = write(tmp_path / "all.yaml", {"environment": {"name": "keypad", "keypad": {"tasks": 2, "codes": ["7"]}}})
+    for args in (("init-model", tmp_path / "model"),
+                 ("all", "--config", config, "--model", tmp_path / "model", "--out", tmp_path / "out")):
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.strip() == ("error: transformers is not installed: training needs the train extra "
+                                         "(pip install 'cuda-agent[train]')"), args
+
+
+def test_plot_gives_each_stage_its_own_step_axis() -> None:
+    """RFT's 400 steps beside PPO's 8: PPO's column spans its own steps, not the last 2 % of 408."""
+    import matplotlib.pyplot as plt
+
+    from cuda_agent.train.plot import draw
+
+    histories = {"rft": [{"step": i, "sft/loss": 1 / i} for i in range(1, 401)],
+                 "ppo": [{"step": i, "reward/mean": i / 8} for i in range(1, 9)]}
+    figure = draw(histories, "run")
+    rft_column, ppo_column = figure.axes[0::2], figure.axes[1::2]  # rows: mean reward, SFT loss
+    assert all(axis.get_xlim()[1] > 400 for axis in rft_column) and all(axis.get_xlim()[1] < 9 for axis in ppo_column)
+    assert [axis.get_title() for axis in figure.axes[:2]] == ["rft (400 steps)", "ppo (8 steps)"]
+    plt.close(figure)
+
+
 def test_kernel_environment_warmup_and_ppo_on_the_cpu_backend(keypad_model, tmp_path, session_cache_dir):
     config = write(tmp_path / "cuda.yaml", {
         "environment": {"name": "cuda", "tasks": str(EXAMPLES / "tasks"), "task_limit": 2},

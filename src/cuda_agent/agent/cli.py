@@ -15,12 +15,12 @@ from cuda_agent.agent.model_import import PACKAGED_MODELS
 from cuda_agent.agent.policies import POLICIES, PolicySpec, make_policy
 from cuda_agent.agent.runner import RunnerConfig
 from cuda_agent.agent.trajectory import Trajectory, TrajectoryError, read_trajectories, summarize
-from cuda_agent.cli_output import WrappingTable, step_progress
+from cuda_agent.cli_output import CliApp, WrappingTable, step_progress
 from cuda_agent.cli_support import PRESET_HELP, console, err_console, eval_config_from, fail_usage, read_yaml_config
 from cuda_agent.environment import EvalConfig, TaskLoadError, load_task, load_tasks
 
-agent_app = typer.Typer(no_args_is_help=True, help="Run the agent over task sets.")
-traj_app = typer.Typer(no_args_is_help=True, help="Inspect trajectories (JSONL, one episode per line).")
+agent_app = CliApp(no_args_is_help=True, help="Run the agent over task sets.")
+traj_app = CliApp(no_args_is_help=True, help="Inspect trajectories (JSONL, one episode per line).")
 
 _AGENT_SECTIONS = ("agent", "policy", "runner")
 _POLICY_HELP = f"Policy backend: {', '.join(POLICIES.names())}."

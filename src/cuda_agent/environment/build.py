@@ -115,14 +115,30 @@ def build_location(solution: Solution, device: Device, config: BuildConfig, cach
     return key, build_dir, build_dir / "ext"
 
 
+def require_buildable_for(solution: Solution, device: Device) -> None:
+    """Refuse CUDA on the CPU backend at once: its compiler would fail only after seconds, saying
+    "CUDA_HOME environment variable is not set" without naming the mismatch.
+
+    Raises:
+        CompileError: ``solution`` holds CUDA and ``device`` is ``cpu``.
+    """
+    cuda = solution.cuda_parts() if device == "cpu" else ()
+    if cuda:
+        raise CompileError(f"{solution.root.name} is a CUDA solution ({', '.join(cuda[:3])}) and the device is the "
+                           "CPU, whose backend builds C++ only: judge it on device cuda (a machine with an NVIDIA GPU "
+                           "and the CUDA toolkit), or write its kernels in C++")
+
+
 def build_solution(solution: Solution, device: Device, config: BuildConfig, cache_dir: Path,
                    sandbox_config: SandboxConfig = SandboxConfig()) -> BuiltSolution:
     """Build ``solution`` for ``device`` unless an identical build is cached. As root, the compile
     child runs in the sandbox (``sandbox_config``, see :mod:`build_sandbox`).
 
     Raises:
-        CompileError: compilation failed or exceeded ``config.timeout_s``.
+        CompileError: compilation failed or exceeded ``config.timeout_s``, or the solution is
+            CUDA and ``device`` the CPU.
     """
+    require_buildable_for(solution, device)
     key, build_dir, extensions_dir = build_location(solution, device, config, cache_dir)
     build_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()

@@ -190,12 +190,24 @@ class RewardConfig:
     """When a candidate counts as faster than a baseline: ``speedup`` (baseline time / candidate
     time > 1.05) or ``time_saved`` ((t0 - t) / t0 > 5 %, the paper's rule, i.e. a speed-up above
     1/0.95 = 1.0526)."""
+    confidence: float = 0.95
+    """One-sided confidence that an awarded milestone's speed-up is real: a milestone is awarded
+    only when the lower confidence bound of the speed-up (from both medians' standard errors)
+    clears the threshold, so a false award has at most a ``1 - confidence`` chance. 0: the
+    measured speed-up itself decides (the paper's rule)."""
+    resample_budget_s: float = 3.0
+    """When a speed-up clears a threshold but its bound does not, the candidate is timed once more,
+    for up to this long, towards the precision the bound needs (the second timing replaces the
+    first; ``confidence`` is split over the two). 0: never."""
 
     def __post_init__(self) -> None:
         from cuda_agent.environment.reward import MILESTONES
 
         _require(self.milestone in MILESTONES,
                  f"reward.milestone {self.milestone!r} is unknown; valid: {', '.join(MILESTONES.names())}")
+        _require(self.confidence == 0 or 0.5 <= self.confidence < 1,
+                 f"reward.confidence must be 0 (no bound) or in [0.5, 1), got {self.confidence}")
+        _require(self.resample_budget_s >= 0, f"reward.resample_budget_s must be >= 0, got {self.resample_budget_s}")
 
 
 @dataclass(frozen=True)

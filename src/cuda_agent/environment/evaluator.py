@@ -23,14 +23,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
-from cuda_agent.environment.baselines import BaselineCache
-from cuda_agent.environment.build import BuiltSolution, CompileError, build_solution
+from cuda_agent.environment.baselines import BaselineCache, provenance_note
+from cuda_agent.environment.build import BuiltSolution, CompileError, build_solution, require_buildable_for
 from cuda_agent.environment.config import EvalConfig, TimingConfig
 from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.presets import reward_baseline_setting, timing_method_key
 from cuda_agent.environment.problem_size import MemoryPlan, ProblemSize, gigabytes, memory_plan
-from cuda_agent.environment.reward import milestone_reward
+from cuda_agent.environment.reward import (
+    MEDIAN_TO_MEAN_ERROR, MILESTONES, Speedup, bound_z, candidate_err_needed, milestone_reward,
+)
 from cuda_agent.environment.solution import Layout, Solution, SolutionError, load_solution
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
 from cuda_agent.environment.call_seeds import call_seed
@@ -84,11 +86,15 @@ class _Evaluation:
             speedup_vs_eager=None, speedup_vs_compile=None, violations=[], error=None,
             precision_policy=self.policy.name, status=Status.SOLUTION_ERROR, device=config.device,
             task=task.id, preset=config.preset, reward_baseline=reward_baseline_setting(config, self.policy),
+            reward_confidence=config.reward.confidence,
         )
         self.prestarted = prestarted
         self.slot: WorkerSlot | None = None
         self.plan: MemoryPlan | None = None
         self._phase_name, self._phase_started = "guards", time.monotonic()
+        self._skipped_trials: list[str] = []
+        """Notes of trials made and skipped, kept until trials run (trials are made during the build,
+        and a verdict that ends before verifying ran no trial to skip)."""
 
     # -- driver --------------------------------------------------------------------------------
     def run(self) -> Verdict:
@@ -104,9 +110,11 @@ class _Evaluation:
                 self._record_memory()
                 self.slot.close()
             self.verdict.phase_seconds["total"] = self._begin("") - started  # the same clock reads as the phases
+        if self.prestarted is not None and self.profile:
+            self.prestarted.note_verdict(self.verdict)
         self.verdict.correct = self.verdict.status is Status.CORRECT
         self.verdict.reward = 0 if self.verdict.status is Status.INFRA_ERROR else milestone_reward(
-            self.verdict.correct, self.verdict.speedup_vs_eager, self.verdict.speedup_vs_compile,
+            self.verdict.correct, self.verdict.speedup_vs_eager_lower, self.verdict.speedup_vs_compile_lower,
             self.config.reward.milestone)
         return self.verdict
 
@@ -180,6 +188,10 @@ class _Evaluation:
             solution = load_solution(self.solution_path)
         except SolutionError as exc:
             raise _Stop(Status.SOLUTION_ERROR, str(exc)) from None
+        try:
+            require_buildable_for(solution, self.config.device)  # before any worker or compiler starts
+        except CompileError as exc:
+            raise _Stop(Status.COMPILE_ERROR, str(exc)) from None
         if self.config.guards.enabled:
             violations = run_static_guards(solution, self.config.guards)
             if violations:
@@ -301,7 +313,7 @@ class _Evaluation:
 
     def _made_trial(self, index: int, kind: str, reply: dict[str, Any]) -> tuple[int, str, Any] | None:
         if reply.get("skipped"):
-            self.verdict.notes.append(f"trial {index} ({kind}) skipped: {reply['skipped']}")
+            self._skipped_trials.append(f"trial {index} ({kind}) skipped: {reply['skipped']}")
             return None
         notes = self.verdict.notes
         if reply.get("fp64_error") and not any("float64" in n for n in notes):
@@ -327,9 +339,11 @@ class _Evaluation:
         software = (f"torch={env.get('torch')};cuda={env.get('cuda')};compile={timing.compile_mode};"
                     f"batch_min_ms={timing.batch_min_ms:g}" + timing_method_key(timing)
                     + (";timed_cpu_apart" if self.slot.cpu_split is not None else ""))
+        key = (self.task.code_hash, device_key, software)
         cache = BaselineCache(self.config.cache_dir / "baselines.sqlite")
-        stats = cache.get(self.task.code_hash, device_key, software, variants)
-        missing = [v for v in variants if v not in stats]
+        cached, unfit = cache.get(*key, variants, timing)
+        missing = [v for v in variants if v not in cached]
+        fresh: dict[str, TimingStats] = {}
         if missing:
             reply = self._ask_reference("baselines", {
                 "variants": missing, "seed": self.config.verify.init_seed, "timing": dataclasses.asdict(timing),
@@ -337,9 +351,11 @@ class _Evaluation:
             })
             self._note_unpinned(reply, "the reference worker (baselines)")
             fresh = {v: TimingStats.from_dict(s) for v, s in reply["stats"].items()}
-            cache.put(self.task.code_hash, device_key, software, fresh)
-            stats.update(fresh)
+            cache.put(*key, fresh, timing, self.task.id)
+        stats = {v: cached[v].stats if v in cached else fresh[v] for v in variants}
         self.verdict.baselines = stats
+        self.verdict.baseline_sources = {v: "cache" if v in cached else "timed" for v in variants}
+        self.verdict.notes.append(provenance_note(stats, cached, unfit, time.time()))
         return stats
 
     def _note_loaded_memory(self, name: str, worker: Any) -> None:
@@ -374,6 +390,8 @@ class _Evaluation:
         *i*'s run-time violations count only after trial *i − 1* was found correct, and a failed
         run (crash, timeout) is reported only after the trials before it were judged. Judged
         trials are freed on both sides before the next batch is made."""
+        self.verdict.notes.extend(self._skipped_trials)
+        self._skipped_trials.clear()
         for index, kind, inputs in trials:
             self._send_candidate("run", {"trial": index, "inputs": inputs,
                                          "require_extension_call": self.config.verify.require_extension_call})
@@ -428,32 +446,76 @@ class _Evaluation:
 
     def _profile(self, baselines: dict[str, TimingStats]) -> None:
         candidate = self._time_candidate(host_clock=False)
-        eager = self._reward_baseline(baselines, "eager")
+        eager, compiled = self._reward_baseline(baselines, "eager"), self._reward_baseline(baselines, "compile")
         if (self.config.device == "cuda" and eager and candidate.median_ms > 0
-                and eager / candidate.median_ms > self.config.verify.plausible_speedup):
+                and eager.median_ms / candidate.median_ms > self.config.verify.plausible_speedup):
             host = self._time_candidate(host_clock=True)
             self.verdict.notes.append(
-                f"timing: a {eager / candidate.median_ms:.3g}x speed-up over eager is above the plausibility bound "
-                f"({self.config.verify.plausible_speedup:g}x); re-measured with the host clock: "
+                f"timing: a {eager.median_ms / candidate.median_ms:.3g}x speed-up over eager is above the plausibility "
+                f"bound ({self.config.verify.plausible_speedup:g}x); re-measured with the host clock: "
                 f"{host.median_ms:.4g} ms vs {candidate.median_ms:.4g} ms with CUDA events; the slower one counts")
             candidate = max(candidate, host, key=lambda stats: stats.median_ms)
+        if candidate.median_ms > 0:
+            candidate = self._retime_near_threshold(candidate, [b for b in (eager, compiled) if b is not None])
         v = self.verdict
         v.candidate_timing = candidate
         v.candidate_ms = candidate.median_ms
         v.speedups = {name: s.median_ms / candidate.median_ms for name, s in baselines.items() if candidate.median_ms > 0}
-        v.eager_ms = eager
-        v.compile_ms = self._reward_baseline(baselines, "compile")
-        if candidate.median_ms > 0:
-            v.speedup_vs_eager = v.eager_ms / candidate.median_ms if v.eager_ms else None
-            v.speedup_vs_compile = v.compile_ms / candidate.median_ms if v.compile_ms else None
+        v.eager_ms = eager.median_ms if eager else None
+        v.compile_ms = compiled.median_ms if compiled else None
+        v.speedup_vs_eager, v.speedup_vs_eager_lower = self._speedup(eager, candidate, "eager")
+        v.speedup_vs_compile, v.speedup_vs_compile_lower = self._speedup(compiled, candidate, "compile")
 
-    def _time_candidate(self, host_clock: bool) -> TimingStats:
+    def _speedup(self, baseline: TimingStats | None, candidate: TimingStats,
+                 kind: str) -> tuple[float | None, float | None]:
+        """The speed-up over ``baseline`` and its lower bound (what the reward uses), with a note
+        when the bound withholds a milestone the speed-up alone would earn."""
+        if baseline is None or baseline.median_ms <= 0 or candidate.median_ms <= 0:
+            return None, None
+        speedup = Speedup.of(baseline, candidate)
+        lower = speedup.lower_bound(self._bound_z)
+        if speedup.value > self._threshold >= lower:
+            self.verdict.notes.append(
+                f"reward: the speed-up vs {kind} ({speedup.value:.4g}x) clears {self._threshold:.4g} but its "
+                f"{self.config.reward.confidence:.0%} lower bound ({lower:.4g}x) does not: that milestone is not "
+                "awarded")
+        return speedup.value, lower
+
+    @property
+    def _threshold(self) -> float:
+        return MILESTONES.get(self.config.reward.milestone)
+
+    @property
+    def _bound_z(self) -> float:
+        """How many standard errors the reward's bounds lie below the speed-ups (0: no bound)."""
+        reward = self.config.reward
+        return bound_z(reward.confidence, looks=2 if reward.resample_budget_s > 0 else 1)
+
+    def _retime_near_threshold(self, candidate: TimingStats, baselines: list[TimingStats]) -> TimingStats:
+        """The candidate timed once more, for up to ``reward.resample_budget_s`` and towards the
+        precision its bound needs, when a milestone it may still earn (the compile one only after
+        the eager one) clears its threshold within its uncertainty; else ``candidate`` itself."""
+        budget_s = self.config.reward.resample_budget_s
+        needed = candidate_err_needed(baselines, candidate, self._threshold, self._bound_z) if budget_s else None
+        if needed is None:
+            return candidate
+        timing = dataclasses.replace(self._timing, budget_s=budget_s, target_rel_std_err=min(
+            self._timing.target_rel_std_err, needed / MEDIAN_TO_MEAN_ERROR))
+        retimed = self._time_candidate(host_clock=False, timing=timing)
+        self.verdict.notes.append(
+            f"timing: a speed-up was within its uncertainty of {self._threshold:.4g}, so the candidate was timed again "
+            f"for up to {budget_s:g} s: {retimed.n} samples, median ±{retimed.median_rel_err:.2%} (was "
+            f"{candidate.n}, ±{candidate.median_rel_err:.2%}); the second timing counts")
+        return retimed
+
+    def _time_candidate(self, host_clock: bool, timing: TimingConfig | None = None) -> TimingStats:
         """One timing loop in the candidate worker on the timed trial's inputs (shared afresh by
-        the reference), its audited calls then checked by the reference."""
+        the reference), its audited calls then checked by the reference; ``timing``: other
+        settings than the baselines' (a longer loop near a threshold)."""
         noise_seed = secrets.randbits(62)
         inputs = self._ask_reference("timing_inputs", {})["inputs"]
         reply = self._ask_candidate("time", {
-            "inputs": inputs, "timing": dataclasses.asdict(self._timing),
+            "inputs": inputs, "timing": dataclasses.asdict(timing or self._timing),
             "noise_seed": noise_seed, "audits": self._audits, "audit_seed": secrets.randbits(62),
             "host_clock": host_clock, "timed_cpus": self._timed_cpus,
         }, self.config.limits.timing_timeout_s, context="timing (host clock)" if host_clock else "timing")
@@ -517,18 +579,18 @@ class _Evaluation:
         self.verdict.violations.append(Violation(code, message))
         return _Stop(Status.GUARD_VIOLATION, message)
 
-    def _reward_baseline(self, baselines: dict[str, TimingStats], kind: str) -> float | None:
-        """The baseline time the reward compares against, per the policy's TF32 rule."""
+    def _reward_baseline(self, baselines: dict[str, TimingStats], kind: str) -> TimingStats | None:
+        """The baseline timing the reward compares against, per the policy's TF32 rule."""
         off, on = baselines.get(f"{kind}_tf32_off"), baselines.get(f"{kind}_tf32_on")
         if on is None:  # CPU: TF32 does not exist, both settings are the same computation
-            return off.median_ms if off else None
+            return off
         if self.verdict.reward_baseline == "tf32_default":
-            return baselines[f"{kind}_tf32_default"].median_ms
+            return baselines[f"{kind}_tf32_default"]
         if self.policy.baseline == "tf32_on":
-            return on.median_ms
+            return on
         if self.policy.baseline == "fastest":
-            return min(off.median_ms, on.median_ms)
-        return off.median_ms
+            return min(off, on, key=lambda stats: stats.median_ms)
+        return off
 
     # -- worker calls ------------------------------------------------------------------------
     def _record_memory(self) -> None:

@@ -18,12 +18,15 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from cuda_agent.environment import sandbox
 from cuda_agent.environment.config import EvalConfig
 from cuda_agent.environment.timed_cpus import split_for
 from cuda_agent.environment.worker import WorkerProcess, child_env
+
+if TYPE_CHECKING:
+    from cuda_agent.environment.verdict import Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +63,8 @@ class WorkerSlot:
         self.cpu_split = split_for(config.device)
         """Both workers start off the CPUs set apart for timing; see ``timed_cpus``."""
         self._close_lock, self._closed = threading.Lock(), False
+        self.on_close: Callable[[], None] | None = None
+        """Called once the slot is closed (a :class:`Prestarter` that starts the next slot only then)."""
         self.scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=config.scratch_dir or default_scratch_root()))
         self.scratch.chmod(0o711)  # the sandbox user may enter it, not list it
         self.reference: WorkerProcess | None = None
@@ -106,11 +111,13 @@ class WorkerSlot:
             assert worker is not None
             worker.send({"op": "warm", "device": device}, background=True)
 
-    def warm(self, timeout_s: float, device_gate: threading.Lock | None = None) -> None:
+    def warm(self, timeout_s: float, device_gate: threading.Lock | None = None, compile_mode: str | None = None) -> None:
         """Wait until both workers have imported what they need and initialised the device (before
         any task or candidate exists), so the evaluation that takes this slot does not wait for it.
         A slot started without ``warm_device`` initialises the device now, holding ``device_gate``
-        while it does (a context being made on a GPU that is timing a candidate would disturb it)."""
+        while it does (a context being made on a GPU that is timing a candidate would disturb it).
+        ``compile_mode``: also warm ``torch.compile`` up in the reference worker (host work, outside
+        the gate), for evaluations that will compile their baseline."""
         for worker in (self.reference, self.candidate):
             assert worker is not None
             worker.wait_background(timeout_s)
@@ -120,6 +127,9 @@ class WorkerSlot:
             self._send_warm(self.device)
             for worker in (self.reference, self.candidate):
                 worker.wait_background(timeout_s)
+        if compile_mode is not None:
+            self.reference.send({"op": "warm_compile", "device": self.device, "mode": compile_mode}, background=True)
+            self.reference.wait_background(timeout_s)
 
     def close(self) -> None:
         """Stop both workers (and everything they started), free the lease, remove the scratch.
@@ -131,6 +141,8 @@ class WorkerSlot:
                 return
             self._closed = True
             self._stop()
+        if self.on_close is not None:
+            self.on_close()
 
     def _stop(self) -> None:
         for worker in (self.candidate, self.reference):
@@ -159,6 +171,13 @@ class Prestarter:
     Slots are started by one long-lived thread: workers are killed when the thread that started
     them exits (``PR_SET_PDEATHSIG``), so :meth:`close` — which ends that thread — must come after
     the last evaluation using a slot from here has finished. Use as a context manager.
+
+    When a slot is taken, the next one starts at once on CUDA (its interpreters load the host while
+    the GPU times), but only once the taken slot is closed on the CPU backend: there a slot
+    starting (two interpreters importing torch) competes with the evaluation for the cores its
+    timing runs on. On a 2-core machine it slowed each keep-warm verdict by about 1.5 s and spread
+    the candidate's timing from 0.5-11 % to 13-32 % relative standard error
+    (``bench/results/keep_warm_cpu.json``).
     """
 
     def __init__(self, config: EvalConfig, count: int = 1, warm_timeout_s: float = 300.0) -> None:
@@ -171,6 +190,9 @@ class Prestarter:
         self._device_gate = threading.Lock()
         self._lock = threading.Lock()
         self._warming: dict[WorkerSlot, threading.Thread] = {}
+        self.compile_ahead = config.device == "cuda" and config.timing.compile_baseline
+        """Whether the slots started next also warm ``torch.compile`` up: at first wherever a baseline
+        is compiled, then as the last verdict says (:meth:`note_verdict`)."""
         self._thread = threading.Thread(target=self._run, name="cuda-agent-prestarter", daemon=True)
         self._thread.start()
 
@@ -186,8 +208,19 @@ class Prestarter:
         if slot_key(config) != slot_key(self.config) or self._closed.is_set():
             return None
         slot = self._ready.get()
-        self._wanted.release()  # start the next one now, while this one is used
+        if slot is None or self.config.device == "cuda":
+            self._wanted.release()  # start the next one now, while this one is used
+        else:
+            slot.on_close = self._wanted.release
         return slot
+
+    def note_verdict(self, verdict: Verdict) -> None:
+        """Learn from a finished evaluation whether this stream's evaluations compile their
+        baseline (it was timed, not cached: a self-check, tasks new to the cache). Then the slots
+        started next warm ``torch.compile`` up while they wait (5-7 s of host work each), and skip
+        it while baselines come from the cache."""
+        self.compile_ahead = self.config.device == "cuda" and any(
+            variant.startswith("compile") and source == "timed" for variant, source in verdict.baseline_sources.items())
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Wait until a slot is started and warm, ready to be taken (False: none within the time)."""
@@ -223,7 +256,8 @@ class Prestarter:
     def _warm(self, slot: WorkerSlot) -> None:
         warm: WorkerSlot | None = slot
         try:
-            slot.warm(self.warm_timeout_s, self._device_gate)
+            slot.warm(self.warm_timeout_s, self._device_gate,
+                      self.config.timing.compile_mode if self.compile_ahead else None)
         except Exception:  # noqa: BLE001 - as above
             if not self._closed.is_set():
                 logger.exception("warming a prestarted worker slot failed")

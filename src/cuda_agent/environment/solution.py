@@ -62,6 +62,14 @@ class Solution:
         """``relu`` for ``kernels/relu_binding.cpp``: each must define ``register_relu``."""
         return tuple(p.name[: -len("_binding.cpp")] for p in self.kernel_files if p.name.endswith("_binding.cpp"))
 
+    def cuda_parts(self) -> tuple[str, ...]:
+        """Where the solution holds CUDA, read without building or running anything: its
+        ``kernels/*.cu``, or the model file's ``load_inline`` calls with ``cuda_sources`` and
+        ``load`` calls of ``.cu`` files (``relu.py:77 cuda_sources``). Empty: C++ only."""
+        if self.layout is Layout.WORKDIR:
+            return tuple(str(p.relative_to(self.root)) for p in self.kernel_files if p.suffix == ".cu")
+        return _cuda_load_calls(self.model_file)
+
     def content_hash(self) -> str:
         """Hash of everything the build compiles (the model file too for the single-file layout)."""
         digest = hashlib.sha256(f"{self.layout.value}:{self.binding_style}".encode())
@@ -72,6 +80,34 @@ class Solution:
             digest.update(path.read_bytes())
             digest.update(b"\0")
         return digest.hexdigest()
+
+
+def _cuda_load_calls(path: Path) -> tuple[str, ...]:
+    """``file:line`` of each ``load_inline(..., cuda_sources=<not empty>)`` (keyword or third
+    positional argument) and each ``load(...)`` whose sources name a ``.cu`` file in ``path``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+        arguments = {k.arg: k.value for k in node.keywords if k.arg}
+        if name == "load_inline":
+            cuda = arguments.get("cuda_sources", node.args[2] if len(node.args) > 2 else None)
+            if cuda is not None and not _empty_literal(cuda):
+                found.append(f"{path.name}:{node.lineno} cuda_sources")
+        elif name == "load":
+            sources = arguments.get("sources", node.args[1] if len(node.args) > 1 else None)
+            if sources is not None and any(isinstance(c, ast.Constant) and isinstance(c.value, str)
+                                           and c.value.endswith(".cu") for c in ast.walk(sources)):
+                found.append(f"{path.name}:{node.lineno} .cu sources")
+    return tuple(found)
+
+
+def _empty_literal(node: ast.expr) -> bool:
+    """``None``, ``""``, ``[]`` or ``()`` written out: no source at all."""
+    if isinstance(node, ast.Constant):
+        return node.value in (None, "")
+    return isinstance(node, (ast.List, ast.Tuple)) and not node.elts
 
 
 def _defines_model_new(path: Path) -> None:

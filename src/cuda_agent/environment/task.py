@@ -112,19 +112,37 @@ def load_tasks(path: str | Path) -> list[TaskLoadResult]:
     ``1_...py, 2_...py, 10_...py``). Entries that fail carry their error instead of a task.
 
     Raises:
-        TaskLoadError: if ``path`` does not exist or has an unsupported suffix.
+        TaskLoadError: if ``path`` does not exist, has an unsupported suffix, or is a folder
+            without problem files (the message names the task sets found beside or below them).
     """
     path = Path(path)
     if not path.exists():
         raise TaskLoadError(f"{path}: no such file or directory")
     if path.is_dir():
         files = sorted((p for p in path.glob("*.py") if not p.name.startswith("_")), key=_natural_key)
+        if not files:
+            raise TaskLoadError(_no_problem_files(path))
         return [_result(str(f), lambda f=f: load_task(f)) for f in files]
     if path.suffix in DATASET_SUFFIXES:
         return _load_dataset(path)
     if path.suffix == ".py":
         return [_result(str(path), lambda: load_task(path))]
     raise TaskLoadError(f"{path}: expected a .py problem, a directory, or a dataset ({', '.join(DATASET_SUFFIXES)})")
+
+
+def _no_problem_files(folder: Path) -> str:
+    """Why ``folder`` gives no task, naming the task sets in it and one folder down (a dataset's
+    own folder, a KernelBench checkout's ``level1/``): the user meant one of them."""
+    found = [str(p) for p in sorted(folder.iterdir()) if p.suffix in DATASET_SUFFIXES]
+    for child in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if any(not p.name.startswith("_") for p in child.glob("*.py")):
+            found.append(f"{child}/")
+        found += [str(p) for p in sorted(child.iterdir()) if p.suffix in DATASET_SUFFIXES]
+    if not found:
+        return (f"{folder}: no problem files (*.py) and no dataset ({', '.join(DATASET_SUFFIXES)}) here or one "
+                "folder down")
+    shown = ", ".join(found[:8]) + (f" and {len(found) - 8} more" if len(found) > 8 else "")
+    return f"{folder}: no problem files (*.py) in this folder; task sets found: {shown} (give one of them)"
 
 
 def _result(origin: str, load) -> TaskLoadResult:

@@ -169,12 +169,32 @@ class FreshInputs:
         return perturbed(self.inputs, self.noise, call_seed(self.seed, call))
 
 
+_Z_95 = statistics.NormalDist().inv_cdf(0.975)
+
+
+def median_rel_err(samples_ms: list[float]) -> float:
+    """Standard error of the samples' median, relative to it (McKean and Schrader, 1984): the
+    spread of the order statistics that bracket the median with 95 % confidence, over 2 × 1.96.
+
+    The speed-ups use medians, and a loaded machine adds a few slow samples that inflate the
+    standard deviation (``rel_std_err``) while barely moving the median; this error is what the
+    median really carries. Infinite with fewer than 2 samples or a non-positive median."""
+    n = len(samples_ms)
+    middle = statistics.median(samples_ms)
+    if n < 2 or middle <= 0:
+        return math.inf
+    ordered = sorted(samples_ms)
+    c = max(1, round((n + 1) / 2 - _Z_95 * math.sqrt(n / 4)))  # 1-based rank of the lower order statistic
+    return (ordered[n - c] - ordered[c - 1]) / (2 * _Z_95) / middle
+
+
 def summarize(samples_ms: list[float], budget_exhausted: bool, calls_per_sample: int = 1) -> TimingStats:
     n = len(samples_ms)
     mean = statistics.fmean(samples_ms)
     std = statistics.stdev(samples_ms) if n > 1 else 0.0
     rse = std / math.sqrt(n) / mean if mean > 0 else math.inf
-    return TimingStats(statistics.median(samples_ms), mean, std, n, rse, budget_exhausted, calls_per_sample)
+    return TimingStats(statistics.median(samples_ms), mean, std, n, rse, budget_exhausted, calls_per_sample,
+                       median_rel_err(samples_ms))
 
 
 def tree_bytes(tree: Any) -> int:

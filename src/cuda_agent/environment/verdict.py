@@ -44,6 +44,9 @@ class TimingStats:
     rel_std_err: float  # std / sqrt(n) / mean
     budget_exhausted: bool  # stopped on the time budget before reaching the target precision
     calls_per_sample: int = 1  # back-to-back calls per timed sample (a sample is their mean)
+    median_rel_err: float | None = None
+    """Standard error of ``median_ms`` over it, from the order statistics around the median
+    (``timing.median_rel_err``); None where not recorded (timings made before it existed)."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TimingStats":
@@ -98,7 +101,19 @@ class Verdict:
     preset: str = "strict"  # the evaluation preset the settings started from (environment/presets.py)
     # Speed-ups against each baseline variant ("eager_tf32_off", "compile_tf32_on", ...).
     speedups: dict[str, float] = field(default_factory=dict)
+    speedup_vs_eager_lower: float | None = None
+    """One-sided lower confidence bound of ``speedup_vs_eager`` at ``reward_confidence``, from both
+    medians' standard errors: the reward's milestones are decided on the bounds (equal to the
+    speed-ups when the confidence is 0, as in the ``paper`` preset)."""
+    speedup_vs_compile_lower: float | None = None
+    """The same for ``speedup_vs_compile``."""
+    reward_confidence: float = 0.0
+    """The confidence of those bounds (``reward.confidence``)."""
     baselines: dict[str, TimingStats] = field(default_factory=dict)
+    baseline_sources: dict[str, str] = field(default_factory=dict)
+    """Per baseline variant: ``cache`` (an entry timed by an earlier verdict at least as thoroughly,
+    under a comparable load) or ``timed`` (measured by this verdict); a note gives each one's
+    sample count and spread."""
     candidate_timing: TimingStats | None = None
     reward_baseline: str = "tf32_off"  # TF32 setting of the reward's baselines: tf32_off, tf32_on, fastest, tf32_default
     trials: list[TrialResult] = field(default_factory=list)

@@ -12,12 +12,12 @@ from typing import Optional
 import typer
 from rich.progress import Progress
 
-from cuda_agent.cli_output import WrappingTable, step_progress
+from cuda_agent.cli_output import CliApp, WrappingTable, step_progress
 from cuda_agent.cli_support import console, default_device, err_console, fail_usage
 from cuda_agent.synth.records import SEED_OPS
 
-synth_app = typer.Typer(no_args_is_help=True,
-                        help="Data synthesis: seed operators -> composed tasks -> filtered, de-contaminated dataset.")
+synth_app = CliApp(no_args_is_help=True,
+                   help="Data synthesis: seed operators -> composed tasks -> filtered, de-contaminated dataset.")
 
 
 

@@ -11,11 +11,30 @@ from typing import Any, Optional
 import typer
 from rich.progress import Progress
 
-from cuda_agent.cli_output import WrappingTable, step_progress
+from cuda_agent.cli_output import CliApp, PlainHelpGroup, WrappingTable, step_progress
 from cuda_agent.cli_support import console, err_console, fail_usage, read_yaml_config
 
-train_app = typer.Typer(no_args_is_help=True, help="Train the agent: warm-up PPO -> RFT -> value pre-training -> "
-                                                  "agentic PPO (docs/train.md).")
+TRAIN_EXTRA_MODULES = frozenset({"transformers", "tokenizers", "peft", "tensorboard", "pyarrow", "matplotlib"})
+"""What the ``train`` extra of pyproject.toml installs, by import name."""
+
+
+class _TrainCommands(PlainHelpGroup):
+    """The ``train`` commands: a module of the train extra that is not installed ends a command
+    with one line naming the install (it was a 95-line traceback from deep in model loading)."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] not in TRAIN_EXTRA_MODULES:
+                raise
+            fail_usage(f"{exc.name} is not installed: training needs the train extra "
+                       "(pip install 'cuda-agent[train]')")
+
+
+train_app = CliApp(cls=_TrainCommands, no_args_is_help=True,
+                   help="Train the agent: warm-up PPO -> RFT -> value pre-training -> agentic PPO (docs/train.md; "
+                        "pip install 'cuda-agent[train]').")
 
 EXIT_NOT_TRAINED = 1
 

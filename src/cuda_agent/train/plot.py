@@ -1,5 +1,6 @@
 """Learning curves of a training run (``cuda-agent train plot RUN_DIR``): one PNG drawn from the
-stages' ``metrics.jsonl``, the stages one after another on a shared step axis.
+stages' ``metrics.jsonl``, a column per stage on its own step axis (on one shared axis, RFT's 400
+steps left warm-up, value and PPO 3 % of the width), a row per metric on one value axis.
 
 RUN_DIR is one stage's folder or a ``train all`` folder (its ``warmup``, ``rft``, ``value`` and
 ``ppo`` sub-folders, those that exist). matplotlib is optional (the ``train`` extra) and imported
@@ -55,34 +56,44 @@ def plot_run(run_dir: Path, out: Path | None = None) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise PlotError("plotting needs matplotlib: pip install 'cuda-agent[train]' (or pip install matplotlib)") from None
-    panels = [(key, title) for key, title in PANELS if any(_finite(row.get(key)) for rows in histories.values()
-                                                           for row in rows)]
-    if not panels:
-        raise PlotError(f"{run_dir}: the metrics hold none of {[key for key, _ in PANELS]}")
-    figure, axes = plt.subplots(len(panels), 1, figsize=(8, 2.4 * len(panels)), sharex=True, squeeze=False)
-    offset = 0
-    for name, rows in histories.items():
-        steps = [offset + row["step"] for row in rows]
-        for (key, _), axis in zip(panels, axes[:, 0]):
-            points = [(step, row[key]) for step, row in zip(steps, rows) if _finite(row.get(key))]
-            if points:
-                axis.plot(*zip(*points), marker="." if len(points) < 60 else None, label=name, color=_colour(name))
-        offset = steps[-1]
-        if len(histories) > 1:
-            for axis in axes[:, 0]:
-                axis.axvline(offset + 0.5, color="grey", linewidth=0.5)
-    for (key, title), axis in zip(panels, axes[:, 0]):
-        axis.set_ylabel(title)
-        axis.grid(alpha=0.3)
-        axis.legend(loc="best", fontsize="small")
-    axes[0, 0].set_title(f"{run_dir.name}: learning curves")
-    axes[-1, 0].set_xlabel("step (stages in order)")
-    figure.tight_layout()
+    figure = draw(histories, run_dir.name)
     out = out or run_dir / PLOT_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(out, dpi=100)
     plt.close(figure)
     return out
+
+
+def draw(histories: dict[str, list[dict[str, Any]]], title: str) -> Any:
+    """The figure of ``histories`` (stage -> metric rows): a row of panels per metric any stage
+    logged, sharing its value axis; a column per stage, with its own step axis.
+
+    Raises:
+        PlotError: no stage logged any of :data:`PANELS`.
+    """
+    import matplotlib.pyplot as plt
+
+    panels = [(key, name) for key, name in PANELS if any(_finite(row.get(key)) for rows in histories.values()
+                                                         for row in rows)]
+    if not panels:
+        raise PlotError(f"{title}: the metrics hold none of {[key for key, _ in PANELS]}")
+    figure, axes = plt.subplots(len(panels), len(histories), figsize=(1.2 + 3.2 * len(histories), 2.4 * len(panels)),
+                                sharex="col", sharey="row", squeeze=False)
+    for column, (stage, rows) in enumerate(histories.items()):
+        for (key, name), axis in zip(panels, axes[:, column]):
+            points = [(row["step"], row[key]) for row in rows if _finite(row.get(key))]
+            if points:
+                axis.plot(*zip(*points), marker="." if len(points) < 60 else None, color=_colour(stage))
+            else:
+                axis.text(0.5, 0.5, "not logged", transform=axis.transAxes, ha="center", va="center", color="grey")
+            axis.grid(alpha=0.3)
+            if column == 0:
+                axis.set_ylabel(name)
+        axes[0, column].set_title(f"{stage} ({len(rows)} steps)")
+        axes[-1, column].set_xlabel("step")
+    figure.suptitle(f"{title}: learning curves")
+    figure.tight_layout()
+    return figure
 
 
 def _colour(stage: str) -> str | None:

@@ -8,11 +8,12 @@ import time
 import typer
 from rich.table import Table
 
+from cuda_agent.cli_output import CliApp
 from cuda_agent.cli_support import console, fail_usage
 from cuda_agent.warm.client import WarmError, running_daemons, stop_daemons
 
-warm_app = typer.Typer(help="The keep-warm evaluators started by `cuda-agent verify --keep-warm` (this user's).",
-                       no_args_is_help=True)
+warm_app = CliApp(help="The keep-warm evaluators started by `cuda-agent verify --keep-warm` (this user's).",
+                  no_args_is_help=True)
 
 
 @warm_app.command("status")

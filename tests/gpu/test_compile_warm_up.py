@@ -1,0 +1,31 @@
+"""On the GPU: prestarted slots warm ``torch.compile`` up while the verdicts they serve compile a
+baseline (a self-check, tasks new to the baseline cache), and stop once baselines come from the
+cache (the warm-up is seconds of host work a cached verdict never needs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cuda_agent.environment import Prestarter, Status, evaluate, load_task
+
+from support import EXAMPLES
+
+pytestmark = pytest.mark.gpu
+
+RELU_TASK = EXAMPLES / "tasks" / "relu.py"
+RELU_SOLUTION = EXAMPLES / "solutions" / "cuda" / "relu.py"
+
+
+def test_prestarted_slots_warm_compile_up_only_while_baselines_are_compiled(make_cuda_config, tmp_path: Path) -> None:
+    config = make_cuda_config(cache_dir=tmp_path / "cache")  # a cache of its own: the first verdict compiles
+    task = load_task(RELU_TASK)
+    with Prestarter(config, count=1) as prestarted:
+        assert prestarted.compile_ahead
+        first = evaluate(task, RELU_SOLUTION, config, prestarted=prestarted)
+        assert first.status is Status.CORRECT, first.error
+        assert first.baseline_sources["compile_tf32_off"] == "timed" and prestarted.compile_ahead
+        second = evaluate(task, RELU_SOLUTION, config, prestarted=prestarted)  # its slot was warmed with compile
+        assert second.status is Status.CORRECT, second.error
+        assert set(second.baseline_sources.values()) == {"cache"} and not prestarted.compile_ahead
