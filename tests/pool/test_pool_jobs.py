@@ -81,11 +81,14 @@ def test_job_round_trips_through_json() -> None:
 def test_verdict_round_trips_through_its_json_form() -> None:
     data = {
         "compiled": True, "correct": True, "reward": 2, "eager_ms": 2.0, "compile_ms": None, "candidate_ms": 1.0,
-        "speedup_vs_eager": 2.0, "speedup_vs_compile": None, "violations": [{"code": "x", "message": "y"}],
+        "speedup_vs_eager": 2.0, "speedup_vs_compile": None, "speedup_vs_eager_lower": 1.9,
+        "speedup_vs_compile_lower": None, "reward_confidence": 0.95, "violations": [{"code": "x", "message": "y"}],
         "error": None, "precision_policy": "faithful", "status": "correct", "device": "cpu", "task": "relu",
         "preset": "paper", "speedups": {"eager_tf32_off": 2.0},
         "baselines": {"eager_tf32_off": {"median_ms": 2.0, "mean_ms": 2.1, "std_ms": 0.1, "n": 10,
-                                         "rel_std_err": 0.01, "budget_exhausted": False, "calls_per_sample": 1}},
+                                         "rel_std_err": 0.01, "budget_exhausted": False, "calls_per_sample": 1,
+                                         "median_rel_err": 0.004}},
+        "baseline_sources": {"eager_tf32_off": "cache"},
         "candidate_timing": None, "reward_baseline": "tf32_off",
         "trials": [{"index": 0, "kind": "standard", "passed": True, "message": "ok", "max_abs_err": 0.0,
                     "error_ratio": None}],
