@@ -166,6 +166,10 @@ def calibrate(task_path: Path, first: Verdict, config: EvalConfig, prestarted: P
     the work for the slower one."""
     eager, points = first.eager_ms, [(1.0, first.candidate_ms)]
     target_ms = eager / MILESTONES.get(config.reward.milestone)
+    if first.candidate_ms >= target_ms:  # more work only slows it: the three solutions are one
+        print(f"  {task_path.stem}: the candidate at work 1 ({first.candidate_ms:.4g} ms) already misses the "
+              f"threshold ({target_ms:.4g} ms): no solution near or above it at this size", file=sys.stderr, flush=True)
+        return {"faster": 1.0, "near": 1.0, "slower": 1.0}
     below, above = points[0], None  # the nearest points under and over the target time
     work = max(2.0, target_ms / first.candidate_ms)  # as if the time grew in proportion
     for _ in range(steps):

@@ -4,6 +4,7 @@ per solution) and writes the keys the issue's results are read by."""
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -30,6 +31,9 @@ def test_reward_stability_reports_agreement_per_solution_and_size(tmp_path: Path
         assert {"name", "device", "size", "speedup_median", "threshold_distance", "reward_agreement",
                 "candidate_ms_cv"} <= s.keys()
         assert s["device"] == "cpu" and s["verdicts"] == 2 and 0.5 <= s["reward_agreement"] <= 1
-    faster, near, slower = solutions
-    assert faster["speedup_median"] > near["speedup_median"] > slower["speedup_median"]
-    assert faster["work"] == 1 < near["work"] < slower["work"]
+        assert s["speedup_median"] == statistics.median(s["speedup_vs_eager"])
+        assert s["work"] >= 1
+    # Which is faster is not asserted: two smoke verdicts of 10 us each on a loaded 2-core machine
+    # order the medians by noise, and at work 1 the candidate may already miss the threshold there
+    # (then the bench gives all three solutions work 1). The bench's claims are its full runs.
+    assert solutions[0]["work"] == 1

@@ -325,15 +325,17 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _tree_bytes(roots: tuple[Path, ...], stop_at: int, max_entries: int = 100_000) -> int:
-    """Bytes in the files below ``roots``; stops early once past ``stop_at``. A tree of more than
-    ``max_entries`` entries counts as over the limit (walking it would stall the parent)."""
+    """Bytes the files below ``roots`` take on their file system (allocated blocks: a sparse file,
+    such as a share sized by ``ftruncate`` before its first write, holds only what was written);
+    stops early once past ``stop_at``. A tree of more than ``max_entries`` entries counts as over
+    the limit (walking it would stall the parent)."""
     total = entries = 0
     for root in roots:
         for directory, _, files in os.walk(root):
             for name in files:
                 entries += 1
                 try:
-                    total += os.lstat(os.path.join(directory, name)).st_size
+                    total += os.lstat(os.path.join(directory, name)).st_blocks * 512
                 except OSError:
                     continue
                 if total > stop_at or entries > max_entries:
