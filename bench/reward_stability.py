@@ -19,8 +19,10 @@ baselines from the cache while they fit, as in RL training). Per solution: the m
 over eager, its relative distance from the nearest threshold that can change the reward
 (``threshold_distance``), the share of verdicts that got the most common reward
 (``reward_agreement``), the same for the reward the measured speed-ups alone would give
-(``point_estimate_agreement``: no confidence bound), and the coefficient of variation of
-``candidate_ms`` over the verdicts. Prints one summary line and writes JSON after every solution.
+(``point_estimate_agreement``: no confidence bound), the coefficient of variation of
+``candidate_ms`` over the verdicts, and how much of it one verdict's median error does not explain
+(``between_verdict_rel_err``: the figure ``reward.drift`` stands for, which ``--drift`` sets).
+Prints one summary line and writes JSON after every solution.
 
     python bench/reward_stability.py --device cpu --repeats 20 --out bench/results/reward_stability_cpu.json
     python bench/reward_stability.py --device cuda --sizes 10us --time-budget-s 540 \\
@@ -49,7 +51,7 @@ from cuda_agent.environment import EvalConfig, Prestarter, Verdict, evaluate, lo
 from cuda_agent.environment.baselines import BaselineCache
 from cuda_agent.environment.machine_load import current_load
 from cuda_agent.environment.presets import PRESETS
-from cuda_agent.environment.reward import MILESTONES, milestone_reward
+from cuda_agent.environment.reward import MILESTONES, drift_for, milestone_reward
 
 SOLUTION = REPO / "bench" / "solutions" / "matvec_chain"
 SIZES_MS = {"10us": 0.01, "100us": 0.1, "1ms": 1.0}
@@ -222,17 +224,20 @@ def summary(run: Run, config: EvalConfig) -> dict:
     relevant = [vs_eager] + ([vs_compile] if vs_compile is not None and vs_eager > threshold else [])
     distance = min((s / threshold - 1 for s in relevant), key=abs)
     rewards = [v.reward for v in verdicts]
+    cv = statistics.stdev(times) / statistics.fmean(times) if len(times) > 1 else None
+    within = statistics.median(v.candidate_timing.median_rel_err for v in verdicts)
     point = [milestone_reward(True, v.speedup_vs_eager, v.speedup_vs_compile, config.reward.milestone)
              for v in verdicts]
     return {
         "name": run.name, "device": config.device, "size": run.size, "speedup_median": vs_eager,
         "threshold_distance": distance, "reward_agreement": _agreement(rewards),
-        "candidate_ms_cv": statistics.stdev(times) / statistics.fmean(times) if len(times) > 1 else None,
+        "candidate_ms_cv": cv,
+        "between_verdict_rel_err": (math.sqrt(max(0.0, cv ** 2 - within ** 2)) if cv is not None else None),
         "speedup_vs_compile_median": vs_compile, "work": run.work, "verdicts": len(verdicts), "rewards": rewards,
         "eager_milestone_rate": sum(r >= 2 for r in rewards) / len(rewards),
         "point_estimate_rewards": point, "point_estimate_agreement": _agreement(point),
         "point_estimate_eager_milestone_rate": sum(r >= 2 for r in point) / len(point),
-        "candidate_median_rel_err_median": statistics.median(v.candidate_timing.median_rel_err for v in verdicts),
+        "candidate_median_rel_err_median": within,
         "candidate_ms": times, "eager_ms": [v.eager_ms for v in verdicts],
         "compile_ms": [v.compile_ms for v in verdicts],
         "speedup_vs_eager": [v.speedup_vs_eager for v in verdicts],
@@ -275,6 +280,8 @@ def main() -> None:
     parser.add_argument("--append", action="store_true",
                         help="keep the sizes of an existing --out file (same device and preset) that this run "
                              "does not measure: one size per call on a machine with a time limit per command")
+    parser.add_argument("--drift", type=float, default=None,
+                        help="reward.drift of the verdicts (default: the preset's, i.e. the backend's measured figure)")
     parser.add_argument("--smoke", action="store_true",
                         help="CI smoke mode: tiny timing budgets, no torch.compile baseline, two calibration steps "
                              "(numbers meaningless)")
@@ -291,12 +298,16 @@ def main() -> None:
     workspace = Path(tempfile.mkdtemp(prefix="cuda-agent-bench-reward-"))
     config = EvalConfig.from_dict({"preset": args.preset, "device": args.device,
                                    "cache_dir": str(args.cache_dir or workspace / "cache")})
+    if args.drift is not None:
+        config = config.replace(reward=replace(config.reward, drift=args.drift))
     if args.smoke:  # and no second look near the threshold
         config = config.replace(timing=SMOKE_TIMING, reward=replace(config.reward, resample_budget_s=0.0))
     details = machine_details()
     result = {"device": device_label(details), "machine": details, "backend": args.device, "preset": args.preset,
               "smoke": args.smoke, "repeats": args.repeats, "threshold": MILESTONES.get(config.reward.milestone),
-              "reward_confidence": config.reward.confidence, "sizes": {}, "solutions": []}
+              "reward_confidence": config.reward.confidence,
+              "reward_drift": drift_for(config.reward.drift, config.device) if config.reward.confidence else 0.0,
+              "sizes": {}, "solutions": []}
     if args.append and args.out is not None and args.out.exists():
         kept = earlier_sizes(args.out, args.device, args.preset, args.sizes)
         result["sizes"], result["solutions"] = kept["sizes"], kept["solutions"]

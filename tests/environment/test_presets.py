@@ -11,7 +11,7 @@ import yaml
 
 from cuda_agent.environment import ConfigError, EvalConfig, Status
 from cuda_agent.environment.presets import PRESETS, describe, preset_settings
-from cuda_agent.environment.reward import milestone_reward
+from cuda_agent.environment.reward import DRIFT, milestone_reward
 
 from support import EXAMPLES
 
@@ -73,7 +73,7 @@ PRESET_DEPENDENT = {
     "eager_ms", "compile_ms", "candidate_ms", "speedup_vs_eager", "speedup_vs_compile", "speedups", "baselines",
     "candidate_timing", "phase_seconds", "build", "notes",
     # the milestone rule: strict's confidence bounds, paper's measured speed-ups
-    "reward_confidence", "speedup_vs_eager_lower", "speedup_vs_compile_lower",
+    "reward_confidence", "reward_drift", "speedup_vs_eager_lower", "speedup_vs_compile_lower",
     "baseline_sources",  # each preset's baselines are cached apart (another timing method): timed or not
     "environment",  # per evaluation: the sandbox uid, whether workers were prestarted
     "memory_mb",  # measured per evaluation (resident memory of each worker)
@@ -101,6 +101,7 @@ def test_honest_cpu_solutions_differ_between_presets_only_where_documented(
     assert strict.reward == milestone_reward(True, strict.speedup_vs_eager_lower, None, "speedup")
     assert paper.reward == milestone_reward(True, paper.speedup_vs_eager, None, "time_saved")
     assert paper.speedup_vs_eager_lower == paper.speedup_vs_eager and paper.reward_confidence == 0  # no bound
+    assert (strict.reward_drift, paper.reward_drift) == (DRIFT["cpu"], 0.0)
 
     strict_json, paper_json = strict.to_json_dict(), paper.to_json_dict()
     assert set(strict_json) == set(paper_json)

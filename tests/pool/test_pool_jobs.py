@@ -82,7 +82,8 @@ def test_verdict_round_trips_through_its_json_form() -> None:
     data = {
         "compiled": True, "correct": True, "reward": 2, "eager_ms": 2.0, "compile_ms": None, "candidate_ms": 1.0,
         "speedup_vs_eager": 2.0, "speedup_vs_compile": None, "speedup_vs_eager_lower": 1.9,
-        "speedup_vs_compile_lower": None, "reward_confidence": 0.95, "violations": [{"code": "x", "message": "y"}],
+        "speedup_vs_compile_lower": None, "reward_confidence": 0.95, "reward_drift": 0.02,
+        "violations": [{"code": "x", "message": "y"}],
         "error": None, "precision_policy": "faithful", "status": "correct", "device": "cpu", "task": "relu",
         "preset": "paper", "speedups": {"eager_tf32_off": 2.0},
         "baselines": {"eager_tf32_off": {"median_ms": 2.0, "mean_ms": 2.1, "std_ms": 0.1, "n": 10,

@@ -195,6 +195,12 @@ class RewardConfig:
     only when the lower confidence bound of the speed-up (from both medians' standard errors)
     clears the threshold, so a false award has at most a ``1 - confidence`` chance. 0: the
     measured speed-up itself decides (the paper's rule)."""
+    drift: float | None = None
+    """How much one median timing varies between verdicts beyond its loop's own error (relative
+    standard deviation): the bound counts it for both medians, so the false-award rate holds for
+    what a single timing loop cannot see (load, clocks, the core a fresh worker gets, a cached
+    baseline timed earlier). None: the backend's measured default (2 % CPU, 0.5 % CUDA;
+    ``bench/reward_stability.py`` measures it on a machine). 0: the loops' errors alone."""
     resample_budget_s: float = 3.0
     """When a speed-up clears a threshold but its bound does not, the candidate is timed once more,
     for up to this long, towards the precision the bound needs (the second timing replaces the
@@ -207,6 +213,8 @@ class RewardConfig:
                  f"reward.milestone {self.milestone!r} is unknown; valid: {', '.join(MILESTONES.names())}")
         _require(self.confidence == 0 or 0.5 <= self.confidence < 1,
                  f"reward.confidence must be 0 (no bound) or in [0.5, 1), got {self.confidence}")
+        _require(self.drift is None or 0 <= self.drift < 1,
+                 f"reward.drift must be null (the backend's default) or in [0, 1), got {self.drift}")
         _require(self.resample_budget_s >= 0, f"reward.resample_budget_s must be >= 0, got {self.resample_budget_s}")
 
 

@@ -31,7 +31,7 @@ from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.presets import reward_baseline_setting, timing_method_key
 from cuda_agent.environment.problem_size import MemoryPlan, ProblemSize, gigabytes, memory_plan
 from cuda_agent.environment.reward import (
-    MEDIAN_TO_MEAN_ERROR, MILESTONES, Speedup, bound_z, candidate_err_needed, milestone_reward,
+    MEDIAN_TO_MEAN_ERROR, MILESTONES, Speedup, bound_z, candidate_err_needed, drift_for, milestone_reward,
 )
 from cuda_agent.environment.solution import Layout, Solution, SolutionError, load_solution
 from cuda_agent.environment.task import Task, TaskLoadError, check_source
@@ -87,6 +87,7 @@ class _Evaluation:
             precision_policy=self.policy.name, status=Status.SOLUTION_ERROR, device=config.device,
             task=task.id, preset=config.preset, reward_baseline=reward_baseline_setting(config, self.policy),
             reward_confidence=config.reward.confidence,
+            reward_drift=drift_for(config.reward.drift, config.device) if config.reward.confidence else 0.0,
         )
         self.prestarted = prestarted
         self.slot: WorkerSlot | None = None
@@ -472,7 +473,7 @@ class _Evaluation:
         when the bound withholds a milestone the speed-up alone would earn."""
         if baseline is None or baseline.median_ms <= 0 or candidate.median_ms <= 0:
             return None, None
-        speedup = Speedup.of(baseline, candidate)
+        speedup = Speedup.of(baseline, candidate, self.verdict.reward_drift)
         lower = speedup.lower_bound(self._bound_z)
         if speedup.value > self._threshold >= lower:
             self.verdict.notes.append(
@@ -496,7 +497,8 @@ class _Evaluation:
         precision its bound needs, when a milestone it may still earn (the compile one only after
         the eager one) clears its threshold within its uncertainty; else ``candidate`` itself."""
         budget_s = self.config.reward.resample_budget_s
-        needed = candidate_err_needed(baselines, candidate, self._threshold, self._bound_z) if budget_s else None
+        needed = (candidate_err_needed(baselines, candidate, self._threshold, self._bound_z, self.verdict.reward_drift)
+                  if budget_s else None)
         if needed is None:
             return candidate
         timing = dataclasses.replace(self._timing, budget_s=budget_s, target_rel_std_err=min(

@@ -3,8 +3,10 @@
 A speed-up is a ratio of two medians, each with a standard error (``TimingStats.median_rel_err``).
 With ``reward.confidence`` > 0 a milestone is awarded only when the speed-up's one-sided lower
 confidence bound clears the milestone's threshold, so a candidate whose advantage is within the
-noise gets the same (lower) reward every time instead of a coin flip. docs/environment.md states
-the rule and its false-award rate.
+noise gets the same (lower) reward every time instead of a coin flip. Each median also gets a
+between-verdict spread (``reward.drift``): what differs from one verdict to the next and not inside
+one timing loop (the machine's load, clocks, the core and memory a fresh worker gets, a cached
+baseline timed minutes earlier). docs/environment.md states the rule and its false-award rate.
 """
 
 from __future__ import annotations
@@ -25,6 +27,12 @@ MILESTONES: Registry[float] = Registry("reward milestone rule")
 """The speed-up (baseline time / candidate time) a candidate must exceed to count as faster."""
 MILESTONES.register("speedup", SPEEDUP_MARGIN)
 MILESTONES.register("time_saved", 1.0 / (1.0 - TIME_SAVED_MARGIN))
+
+DRIFT = {"cpu": 0.02, "cuda": 0.005}
+"""The between-verdict spread of one median (relative standard deviation beyond its loop's own
+error) that ``reward.drift`` defaults to per backend: at ~1 ms, the size KernelBench's problems
+run at, the 2-core CPU machine's candidate times varied 1.0-2.6 % between verdicts
+(``bench/reward_stability.py``), an H100's 0.45 %; shorter kernels vary more (docs/environment.md)."""
 
 MEDIAN_TO_MEAN_ERROR = math.sqrt(math.pi / 2)
 """The median's standard error over the mean's for normal samples: the timing loop stops on the
@@ -59,18 +67,25 @@ def bound_z(confidence: float, looks: int) -> float:
     return 0.0 if confidence == 0 else NormalDist().inv_cdf(1 - (1 - confidence) / looks)
 
 
+def drift_for(drift: float | None, device: str) -> float:
+    """``reward.drift`` as configured, or the backend's measured default (``DRIFT``) when None."""
+    return DRIFT["cuda" if device == "cuda" else "cpu"] if drift is None else drift
+
+
 @dataclass(frozen=True)
 class Speedup:
-    """Baseline median over candidate median, and the relative standard error of that ratio (the
-    two medians' relative errors in quadrature: the delta method on its logarithm)."""
+    """Baseline median over candidate median, and the relative standard error of that ratio: the
+    two medians' relative errors and each one's between-verdict ``drift``, in quadrature (the
+    delta method on its logarithm)."""
 
     value: float
     rel_err: float
+    drift: float = 0.0
 
     @classmethod
-    def of(cls, baseline: TimingStats, candidate: TimingStats) -> "Speedup":
+    def of(cls, baseline: TimingStats, candidate: TimingStats, drift: float = 0.0) -> "Speedup":
         errors = [math.inf if s.median_rel_err is None else s.median_rel_err for s in (baseline, candidate)]
-        return cls(baseline.median_ms / candidate.median_ms, math.hypot(*errors))
+        return cls(baseline.median_ms / candidate.median_ms, math.hypot(*errors, drift, drift), drift)
 
     def lower_bound(self, z: float) -> float:
         """The one-sided lower confidence bound ``z`` standard errors below the speed-up (0 when
@@ -80,15 +95,16 @@ class Speedup:
     def candidate_err_to_clear(self, baseline: TimingStats, threshold: float, z: float) -> float | None:
         """The candidate median's relative error under which the bound would clear ``threshold``,
         when more candidate samples can get there: the speed-up is above the threshold, its bound
-        is not, and the baseline's own error leaves room. None otherwise."""
+        is not, and the baseline's own error and both drifts leave room. None otherwise."""
         if not self.value > threshold or self.lower_bound(z) > threshold or baseline.median_rel_err is None:
             return None
         room = math.log(self.value / threshold) / z
-        return math.sqrt(room ** 2 - baseline.median_rel_err ** 2) if room > baseline.median_rel_err else None
+        fixed = math.hypot(baseline.median_rel_err, self.drift, self.drift)
+        return math.sqrt(room ** 2 - fixed ** 2) if room > fixed else None
 
 
 def candidate_err_needed(baselines: list[TimingStats], candidate: TimingStats, threshold: float,
-                         z: float) -> float | None:
+                         z: float, drift: float = 0.0) -> float | None:
     """The candidate median's relative error that another timing should reach, when one could
     change a milestone: the speed-up over a baseline clears ``threshold`` but its bound does not,
     and more candidate samples can close the gap. ``baselines`` in milestone order (eager, then
@@ -96,7 +112,7 @@ def candidate_err_needed(baselines: list[TimingStats], candidate: TimingStats, t
     None when no milestone can change."""
     needed = []
     for baseline in baselines:
-        speedup = Speedup.of(baseline, candidate)
+        speedup = Speedup.of(baseline, candidate, drift)
         err = speedup.candidate_err_to_clear(baseline, threshold, z)
         needed += [err] if err is not None else []
         if not speedup.value > threshold:

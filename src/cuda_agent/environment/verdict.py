@@ -109,6 +109,9 @@ class Verdict:
     """The same for ``speedup_vs_compile``."""
     reward_confidence: float = 0.0
     """The confidence of those bounds (``reward.confidence``)."""
+    reward_drift: float = 0.0
+    """The between-verdict spread each median was given in those bounds (``reward.drift`` or the
+    backend's default; 0 without a bound)."""
     baselines: dict[str, TimingStats] = field(default_factory=dict)
     baseline_sources: dict[str, str] = field(default_factory=dict)
     """Per baseline variant: ``cache`` (an entry timed by an earlier verdict at least as thoroughly,
