@@ -10,7 +10,8 @@ its time limit keeps what it measured):
   priming verdict (build and baselines), then ``warm`` (build and baselines cached, workers
   prestarted, as ``verify --keep-warm`` serves) and ``cold`` (a fresh variant of the solution, so
   the build is not cached; baselines cached; workers started for it). The device's memory in use
-  is sampled with nvidia-smi throughout: ``peak_device_gb`` is the whole GPU's. Keys: ``verdict_s``,
+  is sampled with nvidia-smi throughout: ``peak_device_gb`` is the whole GPU's, and each verdict's
+  ``device_peak_during`` names the worker requests in flight when it was read. Keys: ``verdict_s``,
   ``seconds_per_gb_slope`` (least squares over the warm verdicts from 1 GB up), ``peak_host_gb``,
   ``peak_device_gb``.
 - ``kernelbench``: KernelBench's own ``eval_kernel_against_ref`` (5 correctness and 100 timed
@@ -70,10 +71,11 @@ def get_init_inputs():
 
 
 class DeviceMemoryPeak:
-    """The most memory in use on GPU 0 while the block runs, sampled by nvidia-smi every 100 ms."""
+    """The most memory in use on GPU 0 while the block runs, sampled by nvidia-smi every 100 ms,
+    and when it was read (``time.monotonic()``, to find the worker requests in flight then)."""
 
     def __init__(self) -> None:
-        self.peak_mib = 0
+        self.peak_mib, self.peak_at = 0, 0.0
         self._proc: subprocess.Popen | None = None
         self._thread: threading.Thread | None = None
 
@@ -86,8 +88,8 @@ class DeviceMemoryPeak:
 
     def _read(self) -> None:
         for line in self._proc.stdout:
-            if line.strip().isdigit():
-                self.peak_mib = max(self.peak_mib, int(line))
+            if line.strip().isdigit() and int(line) > self.peak_mib:
+                self.peak_mib, self.peak_at = int(line), time.monotonic()
 
     def __exit__(self, *exc: object) -> None:
         time.sleep(0.3)
@@ -122,8 +124,8 @@ def _verdict(task: Path, solution: Path, config: EvalConfig, prestarted: Prestar
     requests: list[dict[str, Any]] = []
     close = slots.WorkerSlot.close
 
-    def close_and_record(slot: slots.WorkerSlot) -> None:  # each worker request's seconds, in order
-        requests.append({name: [[op, seconds] for op, seconds in worker.request_seconds]
+    def close_and_record(slot: slots.WorkerSlot) -> None:  # each worker request's timing, in order
+        requests.append({name: worker.request_seconds
                          for name, worker in (("reference", slot.reference), ("candidate", slot.candidate)) if worker})
         close(slot)
 
@@ -135,11 +137,16 @@ def _verdict(task: Path, solution: Path, config: EvalConfig, prestarted: Prestar
     finally:
         slots.WorkerSlot.close = close
     seconds = time.monotonic() - started
+    at_peak = [f"{worker}:{op}" for slot in requests for worker, timings in slot.items()
+               for op, sent, took in timings if sent <= device.peak_at <= sent + took]
     return {"verdict_s": seconds, "status": verdict.status.value, "error": (verdict.error or "")[:2000],
             "reward": verdict.reward, "phase_seconds": verdict.phase_seconds, "memory_mb": verdict.memory_mb,
             "problem_bytes": verdict.problem_bytes, "device_peak_gb": device.peak_mib * 2**20 / 1e9,
+            "device_peak_during": at_peak,  # the worker requests in flight when the peak was read
             "notes": verdict.notes, "build_cached": bool(verdict.build and verdict.build.cached),
-            "speedup_vs_eager": verdict.speedup_vs_eager, "requests": requests}
+            "speedup_vs_eager": verdict.speedup_vs_eager,
+            "requests": [{worker: [[op, took] for op, _, took in timings] for worker, timings in slot.items()}
+                         for slot in requests]}
 
 
 def measure_sizes(args: argparse.Namespace, result: dict[str, Any], budget: Budget) -> None:

@@ -30,7 +30,7 @@ def _recording_close(requests: list) -> None:
     close = slots.WorkerSlot.close
 
     def close_and_record(slot: slots.WorkerSlot) -> None:
-        requests.append({name: [[op, s] for op, s in worker.request_seconds]
+        requests.append({name: [[op, s] for op, _, s in worker.request_seconds]
                          for name, worker in (("reference", slot.reference), ("candidate", slot.candidate))
                          if worker is not None})
         started = time.monotonic()

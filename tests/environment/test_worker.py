@@ -60,7 +60,7 @@ def test_pipelined_requests_are_answered_in_order_and_background_replies_are_tak
     for value in range(5):
         worker.send({"op": "echo", "value": value})
     assert [worker.receive(timeout_s=30)["value"] for _ in range(5)] == [0, 1, 2, 3, 4]
-    assert [op for op, _ in worker.request_seconds] == ["echo"] * 6
+    assert [op for op, _, _ in worker.request_seconds] == ["echo"] * 6
     with pytest.raises(WorkerProtocolError, match="without a request"):
         worker.receive(timeout_s=1)
 

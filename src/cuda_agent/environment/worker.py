@@ -129,9 +129,9 @@ class WorkerProcess:
         self._buffer = b""
         self._pending: collections.deque[tuple[str, str, float, bool]] = collections.deque()
         """``(op, nonce, sent at, background)`` of requests whose replies were not received yet."""
-        self.request_seconds: list[tuple[str, float]] = []
-        """``(op, seconds from sending to reply)`` of every answered request, in order: where an
-        evaluation's time went (pipelined requests overlap)."""
+        self.request_seconds: list[tuple[str, float, float]] = []
+        """``(op, sent at (time.monotonic()), seconds from sending to reply)`` of every answered
+        request, in order: where an evaluation's time went (pipelined requests overlap)."""
         with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", module, "--fd-in", str(to_child_r), "--fd-out", str(from_child_w)],
@@ -193,7 +193,7 @@ class WorkerProcess:
         op, nonce, sent, _ = self._pending[0]
         reply = self._read_reply(time.monotonic() + timeout_s, op, timeout_s)
         self._pending.popleft()
-        self.request_seconds.append((op, time.monotonic() - sent))
+        self.request_seconds.append((op, sent, time.monotonic() - sent))
         if reply.pop("nonce", None) != nonce:
             self._fail(ForgedReply, f"the reply to {op!r} does not carry the request's nonce: it was not written "
                                     "by the harness (forged on the result pipe)")
