@@ -74,13 +74,10 @@ class CachedBaseline:
     """The task's id when it was stored (for people; the hash is the key)."""
 
     def unfit_for(self, timing: TimingConfig, load_now: float) -> str | None:
-        """Why this entry may not stand for ``timing`` measured now (None: it may)."""
+        """Why this entry may not stand for ``timing`` measured now (None: it may): its settings
+        first (what it was asked to be), then what came out of it and the load it ran under."""
         if self.timing is None or self.stats.median_rel_err is None:
             return "timed before the cache recorded its settings and spread"
-        if not self.stats.median_rel_err <= MAX_MEDIAN_REL_ERR:
-            return f"timed with the median ±{self.stats.median_rel_err:.1%}, wider than ±{MAX_MEDIAN_REL_ERR:.1%}"
-        if not comparable(self.load, load_now):
-            return f"timed at load {self.load:.2f} per CPU, {load_now:.2f} now"
         wanted = asdict(timing)
         for name in AT_LEAST:
             if self.timing.get(name, 0) < wanted[name]:
@@ -91,6 +88,10 @@ class CachedBaseline:
         for name in set(wanted) - set(AT_LEAST) - set(AT_MOST) - set(NOT_MEASURED):
             if self.timing.get(name) != wanted[name]:
                 return f"timed with {name} {self.timing.get(name)!r}, this verdict uses {wanted[name]!r}"
+        if not self.stats.median_rel_err <= MAX_MEDIAN_REL_ERR:
+            return f"timed with the median ±{self.stats.median_rel_err:.1%}, wider than ±{MAX_MEDIAN_REL_ERR:.1%}"
+        if not comparable(self.load, load_now):
+            return f"timed at load {self.load:.2f} per CPU, {load_now:.2f} now"
         return None
 
 

@@ -478,8 +478,9 @@ class _Evaluation:
         if speedup.value > self._threshold >= lower:
             self.verdict.notes.append(
                 f"reward: the speed-up vs {kind} ({speedup.value:.4g}x) clears {self._threshold:.4g} but its "
-                f"{self.config.reward.confidence:.0%} lower bound ({lower:.4g}x) does not: that milestone is not "
-                "awarded")
+                f"{self.config.reward.confidence:.0%} lower bound ({lower:.4g}x, counting "
+                f"{self.verdict.reward_drift:.1%} drift of each timing between verdicts) does not: that milestone is "
+                "not awarded")
         return speedup.value, lower
 
     @property
