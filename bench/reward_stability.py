@@ -308,7 +308,7 @@ def main() -> None:
     result = {"device": device_label(details), "machine": details, "backend": args.device, "preset": args.preset,
               "smoke": args.smoke, "repeats": args.repeats, "threshold": MILESTONES.get(config.reward.milestone),
               "reward_confidence": config.reward.confidence,
-              "reward_drift": drift_for(config.reward.drift, config.device) if config.reward.confidence else 0.0,
+              "reward_drift": drift_for(config.reward, config.device),
               "sizes": {}, "solutions": []}
     if args.append and args.out is not None and args.out.exists():
         kept = earlier_sizes(args.out, args.device, args.preset, args.sizes)

@@ -87,7 +87,7 @@ class _Evaluation:
             precision_policy=self.policy.name, status=Status.SOLUTION_ERROR, device=config.device,
             task=task.id, preset=config.preset, reward_baseline=reward_baseline_setting(config, self.policy),
             reward_confidence=config.reward.confidence,
-            reward_drift=drift_for(config.reward.drift, config.device) if config.reward.confidence else 0.0,
+            reward_drift=drift_for(config.reward, config.device),
         )
         self.prestarted = prestarted
         self.slot: WorkerSlot | None = None

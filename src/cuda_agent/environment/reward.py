@@ -14,9 +14,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 from cuda_agent.environment.verdict import TimingStats
 from cuda_agent.registry import Registry
+
+if TYPE_CHECKING:  # config imports this module's milestones
+    from cuda_agent.environment.config import RewardConfig
 
 SPEEDUP_MARGIN = 1.05
 """"More than 5 % faster" as a speed-up (``strict``): baseline time / candidate time > 1.05."""
@@ -67,9 +71,12 @@ def bound_z(confidence: float, looks: int) -> float:
     return 0.0 if confidence == 0 else NormalDist().inv_cdf(1 - (1 - confidence) / looks)
 
 
-def drift_for(drift: float | None, device: str) -> float:
-    """``reward.drift`` as configured, or the backend's measured default (``DRIFT``) when None."""
-    return DRIFT["cuda" if device == "cuda" else "cpu"] if drift is None else drift
+def drift_for(reward: RewardConfig, device: str) -> float:
+    """The drift the bound counts: ``reward.drift`` as configured, the backend's measured default
+    (``DRIFT``) when None, and 0 without a bound (``reward.confidence`` 0)."""
+    if not reward.confidence:
+        return 0.0
+    return DRIFT["cuda" if device == "cuda" else "cpu"] if reward.drift is None else reward.drift
 
 
 @dataclass(frozen=True)
