@@ -51,6 +51,7 @@ from cuda_agent.environment import EvalConfig, Prestarter, Verdict, evaluate, lo
 from cuda_agent.environment.baselines import BaselineCache
 from cuda_agent.environment.machine_load import current_load
 from cuda_agent.environment.presets import PRESETS
+from cuda_agent.environment.slots import default_prestart_slots
 from cuda_agent.environment.reward import MILESTONES, drift_for, milestone_reward
 
 SOLUTION = REPO / "bench" / "solutions" / "matvec_chain"
@@ -249,6 +250,7 @@ def summary(run: Run, config: EvalConfig) -> dict:
         "retimed_near_threshold": sum(any("timed again" in n for n in v.notes) for v in verdicts),
         "baselines_from_cache": sum(all(s == "cache" for s in v.baseline_sources.values()) for v in verdicts),
         "load_per_cpu": run.loads,
+        "verdict_s": [v.phase_seconds.get("total") for v in verdicts],
     }
 
 
@@ -275,8 +277,8 @@ def main() -> None:
                         help="eager-time sizes to run")
     parser.add_argument("--preset", choices=PRESETS.names(), default="strict", help="evaluation preset of the verdicts")
     parser.add_argument("--time-budget-s", type=float, default=3600.0,
-                        help="whole run; what sizing and calibration leave is shared by the solutions, and a "
-                             "solution stops repeating (after 3) when its share is spent")
+                        help="whole run, shared equally by the sizes left and, within a size, by the solutions "
+                             "left after its calibration; a solution stops repeating (after 3) when its share is spent")
     parser.add_argument("--cache-dir", type=Path, default=None, help="build/baseline cache (default: a fresh one)")
     parser.add_argument("--out", type=Path, default=None, help="JSON output path")
     parser.add_argument("--append", action="store_true",
@@ -316,21 +318,25 @@ def main() -> None:
     try:
         # Sizes first, in this process, before any worker competes for the cores.
         sizes = {label: size_for(SIZES_MS[label], args.device) for label in args.sizes}
-        with Prestarter(config) as prestarted:
-            runs = []
-            for label, (n, took) in sizes.items():
+        # As many slots ahead as a stream of verdicts keeps (one, on CUDA, left each verdict
+        # waiting ~10 s for the next slot's start).
+        with Prestarter(config, default_prestart_slots(args.device)) as prestarted:
+            # Size by size, each calibrated just before its verdicts and given an equal share of
+            # what is left: a run stopped by its caller keeps whole sizes, not calibrations.
+            for left, (label, (n, took)) in zip(range(len(sizes), 0, -1), sizes.items()):
+                size_budget = Budget(budget.left_s() / left)
                 task_path = sized_task(n, workspace)
                 first, retries = timed_baselines(task_path, took, config, prestarted, workspace)
                 works = calibrate(task_path, first, config, prestarted, workspace, steps=2 if args.smoke else 7,
                                   smoke=args.smoke)
                 result["sizes"][label] = {"n": n, "eager_ms_here": took, "eager_ms": first.eager_ms,
                                           "compile_ms": first.compile_ms, "baselines_stalled": retries, "work": works}
-                runs += [(Run(name, label, work), task_path) for name, work in works.items()]
-            for done, (run, task_path) in enumerate(runs):
-                share = Budget(budget.left_s() / (len(runs) - done))
-                measure(run, task_path, config, prestarted, workspace, args.repeats, share)
-                result["solutions"].append(summary(run, config))
-                write_json(result, args.out)  # after every solution: a run stopped by its caller keeps those done
+                for done, (name, work) in enumerate(works.items()):
+                    run = Run(name, label, work)
+                    measure(run, task_path, config, prestarted, workspace, args.repeats,
+                            Budget(size_budget.left_s() / (len(works) - done)))
+                    result["solutions"].append(summary(run, config))
+                    write_json(result, args.out)  # after every solution: a run stopped by its caller keeps those done
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
     print(f"reward stability ({args.device}, {args.preset}): agreement " + ", ".join(

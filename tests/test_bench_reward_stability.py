@@ -33,6 +33,7 @@ def test_reward_stability_reports_agreement_per_solution_and_size(tmp_path: Path
         assert s["device"] == "cpu" and s["verdicts"] == 2 and 0.5 <= s["reward_agreement"] <= 1
         assert s["speedup_median"] == statistics.median(s["speedup_vs_eager"])
         assert s["work"] >= 1
+        assert len(s["verdict_s"]) == 2 and all(seconds > 0 for seconds in s["verdict_s"])
     # Which is faster is not asserted: two smoke verdicts of 10 us each on a loaded 2-core machine
     # order the medians by noise, and at work 1 the candidate may already miss the threshold there
     # (then the bench gives all three solutions work 1). The bench's claims are its full runs.

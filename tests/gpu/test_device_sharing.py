@@ -42,6 +42,36 @@ def test_inputs_are_made_on_the_device_and_made_again_bit_for_bit_from_their_see
     assert worker.key(other[0]) != trial.fingerprints[0]
 
 
+LARGE_RELU_TASK = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x)
+def get_inputs():
+    return [torch.rand(64, 1 << 20)]
+def get_init_inputs():
+    return []
+"""
+
+
+def test_the_reference_worker_keeps_no_drawn_copy_cached_beside_what_it_shares(tmp_path: Path) -> None:
+    """A share is an allocation of its own beside torch's cache: the drawn copy it was made from
+    (and the reference passes' temporaries) must go back to the device, or a 17 GB input fails its
+    share on an 80 GB GPU and a 6 GB timing loop runs beside 6 GB cached for nothing."""
+    task = tmp_path / "large_relu.py"
+    task.write_text(LARGE_RELU_TASK)
+    worker = ReferenceWorker()
+    worker.warm({"device": "cuda"})
+    worker.load({"task_file": str(task), "device": "cuda", "init_seed": 42, "precision": "faithful",
+                 "io_dir": str(tmp_path), "out_dir": str(tmp_path)})
+    input_bytes = 64 << 22
+    worker.make_trial({"index": 0, "kind": "standard", "seed": 1234, "timed": True})
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < input_bytes // 4
+    worker.timing_inputs({})
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() < input_bytes // 4
+    worker.finish_timing({})
+
+
 def test_a_verdict_passes_tensors_device_to_device_across_the_sandbox(run_evaluation, make_cuda_config) -> None:
     verdict = run_evaluation(RELU_TASK, RELU_SOLUTION, make_cuda_config())
     assert verdict.status is Status.CORRECT, verdict.error

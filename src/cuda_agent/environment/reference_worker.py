@@ -200,7 +200,7 @@ class ReferenceWorker:
             return {"skipped": "the reference is not finite on this perturbed distribution"}
         trial.refs = refs
         if trial.shared is None:
-            trial.shared = self._share(self._fresh(trial), trial.name)
+            trial.shared = self._share_fresh(trial, trial.name)
         self.trials[index] = trial
         if msg.get("timed"):
             self.timed = trial
@@ -228,10 +228,9 @@ class ReferenceWorker:
         for its correctness run was the candidate's to write into)."""
         assert self.timed is not None
         self._free_timing()
-        _give_back_cached_memory(self.device)
         if self.timed.shared is not None:  # the CPU backend kept the trusted file
             return {"inputs": self.timed.shared.header}
-        self.timing_share = self._share(self._fresh(self.timed), "timing_inputs.bin")
+        self.timing_share = self._share_fresh(self.timed, "timing_inputs.bin")
         return {"inputs": self.timing_share.header}
 
     def audit(self, msg: dict[str, Any]) -> dict[str, Any]:
@@ -297,6 +296,18 @@ class ReferenceWorker:
         elif fingerprints != trial.fingerprints:
             raise NotReproducible("get_inputs() drew different inputs from the same seed")
         return inputs
+
+    def _share_fresh(self, trial: _Trial, name: str) -> OutgoingShare:
+        """A share of a fresh copy of ``trial``'s inputs. On CUDA the share is an allocation of its
+        own beside torch's cache, so the cache is given back before (the reference passes'
+        temporaries: float64 inputs are twice the inputs) and after (the drawn copy it was made
+        from): otherwise a 17 GB input fails its share on an 80 GB GPU, and a 6 GB one's timing
+        loop runs beside 6 GB cached here for nothing."""
+        _give_back_cached_memory(self.device)
+        try:
+            return self._share(self._fresh(trial), name)
+        finally:
+            _give_back_cached_memory(self.device)
 
     def _share(self, inputs: list, name: str) -> OutgoingShare:
         try:
