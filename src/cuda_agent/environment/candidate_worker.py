@@ -326,8 +326,8 @@ class CandidateWorker:
 
 
 class SpareShares:
-    """Where the timing loop copies every call's outputs: regions shared with the reference, so a
-    kept call's outputs reach it without another copy. Names are unique per timing loop."""
+    """Where the timing loop copies the outputs of the calls it keeps for an audit: regions shared
+    with the reference, so they reach it without another copy. Names are unique per timing loop."""
 
     def __init__(self, device: str, folder: Path, prefix: str) -> None:
         self.device, self.folder, self.prefix = device, folder, prefix
@@ -365,11 +365,14 @@ class TimedCallAudit:
     their batch was timed: a candidate cannot tell an audited call from any other until it has
     returned.
 
-    Nor afterwards: every timed call's outputs are copied into one of ``size + 1`` buffers that are
-    all allocated at the first timed call, so audited and unaudited calls leave the allocator in the
-    same state. (Cloning only the audited outputs let a cache keyed by input address miss exactly on
-    the calls after an audit, so the audit saw honest outputs while the others were stale.) The
-    buffers are shared regions (:class:`SpareShares`): the kept ones go to the reference as they are.
+    Nor afterwards from the allocator: the ``size`` buffers a kept call's outputs are copied into are
+    all allocated at the first timed call, outside torch's allocator (shared regions,
+    :class:`SpareShares`, which go to the reference as they are), so kept and other calls leave it
+    in the same state. (Cloning only the audited outputs with torch let a cache keyed by input
+    address miss exactly on the calls after an audit, so the audit saw honest outputs while the
+    others were stale.) A call is drawn for keeping before anything is copied, so a call that is not
+    kept needs no buffer: a GPU-sized output costs ``size`` copies of device memory, not one more.
+    Copies run after the batch is timed, and every batch starts after a device synchronisation.
     """
 
     def __init__(self, size: int, rng: random.Random, threads: ThreadStartLog, timer: Timer,
@@ -392,19 +395,18 @@ class TimedCallAudit:
                                         "message": "a timed forward() left a Python thread running when the timer stopped"})
             self._since_ns = self._timer.stopped_ns
         if self._spares is None:
-            self._spares = [self._make_spare(outputs) for _ in range(self.size + 1)]
-        spare = self._spares.pop()
+            self._spares = [self._make_spare(outputs) for _ in range(self.size)]
+        slot = len(self.kept) if len(self.kept) < self.size else self.rng.randrange(self.seen)
+        if slot >= self.size:
+            return  # not kept
+        spare = self._spares.pop() if slot == len(self.kept) else self.kept[slot][1]  # the evicted call's
         if not spare.write(outputs):  # outputs changed structure or shape between calls
             spare.release()
             spare = self._make_spare(outputs)
             spare.write(outputs)
-        slot = len(self.kept) if len(self.kept) < self.size else self.rng.randrange(self.seen)
-        if slot >= self.size:
-            self._spares.append(spare)
-        elif slot == len(self.kept):
+        if slot == len(self.kept):
             self.kept.append((call, spare))
         else:
-            self._spares.append(self.kept[slot][1])
             self.kept[slot] = (call, spare)
 
     def finish(self) -> list[tuple[int, shared_tensors.OutgoingShare]]:

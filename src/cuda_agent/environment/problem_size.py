@@ -19,8 +19,8 @@ RESIDENT_TRIAL_BYTES = 2**30
 """Correctness trials are made ahead of the candidate while their bytes together stay under this:
 small problems keep one pipelined batch of trials, GPU-sized ones are judged one trial at a time."""
 SPARE_OUTPUT_BYTES = 2**31
-"""The timing loop's spare output buffers (one more than the audited calls) stay under this; huge
-outputs keep one audited call."""
+"""The timing loop's output buffers (one per audited call) stay under this; huge outputs keep one
+audited call."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def memory_plan(size: ProblemSize, trials: int, needs_float64: bool, needs_tf32:
     float inputs and its float64 outputs (the reference's own inputs are freed first); a resident
     trial holds its shared inputs, the references (fp32, float64, TF32), and the candidate's
     outputs with the copy it shares back; timing holds the shared inputs, one perturbed copy per
-    call, the call's outputs with the previous call's, and ``audits + 1`` spare output buffers.
+    call, the call's outputs with the previous call's, and one output buffer per audited call.
     Activations inside the forward passes are not counted (unknown before running): the plan is a
     lower bound, and a forward pass that needs more still ends in a clean out-of-memory error.
     Trials are made ahead while they fit :data:`RESIDENT_TRIAL_BYTES`, and timing keeps fewer
@@ -108,11 +108,11 @@ def memory_plan(size: ProblemSize, trials: int, needs_float64: bool, needs_tf32:
     reference_copies = 1 + (2 if needs_float64 else 0) + (1 if needs_tf32 else 0)
     float64 = (2 * size.float_input_bytes + 2 * outputs + 2 * size.parameter_bytes) if needs_float64 else 0
     trial = inputs + reference_copies * outputs + 2 * outputs
-    kept = audits if outputs == 0 else max(1, min(audits, SPARE_OUTPUT_BYTES // outputs - 1))
-    timing = 2 * inputs + 2 * outputs + (kept + 1) * outputs
+    kept = audits if outputs == 0 else max(1, min(audits, SPARE_OUTPUT_BYTES // outputs))
+    timing = 2 * inputs + 2 * outputs + kept * outputs
     peak = size.parameter_bytes + max(float64 + inputs, trial, timing)
     resident = max(1, min(trials, RESIDENT_TRIAL_BYTES // max(trial, 1)))
-    return MemoryPlan(peak, trial, resident, inputs + 2 * outputs + (kept + 1) * outputs, kept)
+    return MemoryPlan(peak, trial, resident, inputs + 2 * outputs + kept * outputs, kept)
 
 
 def gigabytes(nbytes: float) -> str:
