@@ -51,8 +51,8 @@ from cuda_agent.environment import EvalConfig, Prestarter, Verdict, evaluate, lo
 from cuda_agent.environment.baselines import BaselineCache
 from cuda_agent.environment.machine_load import current_load
 from cuda_agent.environment.presets import PRESETS
-from cuda_agent.environment.slots import default_prestart_slots
 from cuda_agent.environment.reward import MILESTONES, drift_for, milestone_reward
+from cuda_agent.environment.slots import default_prestart_slots
 
 SOLUTION = REPO / "bench" / "solutions" / "matvec_chain"
 SIZES_MS = {"10us": 0.01, "100us": 0.1, "1ms": 1.0}
@@ -323,8 +323,8 @@ def main() -> None:
         with Prestarter(config, default_prestart_slots(args.device)) as prestarted:
             # Size by size, each calibrated just before its verdicts and given an equal share of
             # what is left: a run stopped by its caller keeps whole sizes, not calibrations.
-            for left, (label, (n, took)) in zip(range(len(sizes), 0, -1), sizes.items()):
-                size_budget = Budget(budget.left_s() / left)
+            for done_sizes, (label, (n, took)) in enumerate(sizes.items()):
+                size_budget = Budget(budget.left_s() / (len(sizes) - done_sizes))
                 task_path = sized_task(n, workspace)
                 first, retries = timed_baselines(task_path, took, config, prestarted, workspace)
                 works = calibrate(task_path, first, config, prestarted, workspace, steps=2 if args.smoke else 7,

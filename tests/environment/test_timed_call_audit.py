@@ -1,7 +1,7 @@
 """The audit of timed calls (candidate_worker.TimedCallAudit): a uniform sample, captured into
 shared buffers allocated once, outside torch's allocator, so the allocator does not reveal which
-calls were audited, and none beyond the kept calls' (a GPU-sized output costs no spare copy); and a thread a timed call left running when its batch's timer stopped, however soon it
-ended."""
+calls were audited, and none beyond the kept calls' (a GPU-sized output costs no spare copy); and
+a thread a timed call left running when its batch's timer stopped, however soon it ended."""
 
 from __future__ import annotations
 

@@ -199,12 +199,11 @@ class ReferenceWorker:
             self._free_trial(trial)
             return {"skipped": "the reference is not finite on this perturbed distribution"}
         trial.refs = refs
-        if trial.shared is None:
+        if trial.shared is None:  # on CUDA always: the share gives the reference passes' memory back
             trial.shared = self._share_fresh(trial, trial.name)
         self.trials[index] = trial
         if msg.get("timed"):
             self.timed = trial
-        _give_back_cached_memory(self.device)  # the float64 pass's temporaries: the candidate's turn now
         return {"inputs": trial.shared.header, "fp64_error": self.fp64_error, "input_source": self.input_source,
                 "notes": trial.notes}
 
