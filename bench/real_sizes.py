@@ -71,8 +71,9 @@ def get_init_inputs():
 
 
 class DeviceMemoryPeak:
-    """The most memory in use on GPU 0 while the block runs, sampled by nvidia-smi every 100 ms,
-    and when it was read (``time.monotonic()``, to find the worker requests in flight then)."""
+    """The most memory in use on the verdicts' GPU (the first ``CUDA_VISIBLE_DEVICES`` entry, else
+    0: other GPUs of the host may run other work) while the block runs, sampled by nvidia-smi every
+    100 ms, and when it was read (``time.monotonic()``, to find the worker requests in flight then)."""
 
     def __init__(self) -> None:
         self.peak_mib, self.peak_at = 0, 0.0
@@ -81,7 +82,7 @@ class DeviceMemoryPeak:
 
     def __enter__(self) -> "DeviceMemoryPeak":
         self._proc = subprocess.Popen(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                                       "-i", "0", "-lms", "100"], stdout=subprocess.PIPE, text=True)
+                                       "-i", _verdict_gpu(), "-lms", "100"], stdout=subprocess.PIPE, text=True)
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
         return self
@@ -95,6 +96,11 @@ class DeviceMemoryPeak:
         time.sleep(0.3)
         self._proc.terminate()
         self._proc.wait()
+
+
+def _verdict_gpu() -> str:
+    """The GPU this process's verdicts run on, as nvidia-smi's ``-i`` takes it (index or UUID)."""
+    return (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0].strip() or "0"
 
 
 def _relu_task(folder: Path, gigabytes: float) -> Path:

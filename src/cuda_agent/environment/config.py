@@ -199,7 +199,7 @@ class RewardConfig:
     """How much one median timing varies between verdicts beyond its loop's own error (relative
     standard deviation): the bound counts it for both medians, so the false-award rate holds for
     what a single timing loop cannot see (load, clocks, the core a fresh worker gets, a cached
-    baseline timed earlier). None: the backend's measured default (2 % CPU, 0.5 % CUDA;
+    baseline timed earlier). None: the backend's measured default (2 % CPU, 1 % CUDA;
     ``bench/reward_stability.py`` measures it on a machine). 0: the loops' errors alone."""
     resample_budget_s: float = 3.0
     """When a speed-up clears a threshold but its bound does not, the candidate is timed once more,
