@@ -4,13 +4,14 @@ cache (the warm-up is seconds of host work a cached verdict never needs)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from cuda_agent.environment import Prestarter, Status, evaluate, load_task
 
-from support import EXAMPLES
+from support import EXAMPLES, FAST_TIMING
 
 pytestmark = pytest.mark.gpu
 
@@ -19,7 +20,8 @@ RELU_SOLUTION = EXAMPLES / "solutions" / "cuda" / "relu.py"
 
 
 def test_prestarted_slots_warm_compile_up_only_while_baselines_are_compiled(make_cuda_config, tmp_path: Path) -> None:
-    config = make_cuda_config(cache_dir=tmp_path / "cache")  # a cache of its own: the first verdict compiles
+    # A cache of its own, so the first verdict compiles its baseline (the suite's timing skips it).
+    config = make_cuda_config(cache_dir=tmp_path / "cache", timing=replace(FAST_TIMING, compile_baseline=True))
     task = load_task(RELU_TASK)
     with Prestarter(config, count=1) as prestarted:
         assert prestarted.compile_ahead

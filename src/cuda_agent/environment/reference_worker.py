@@ -350,11 +350,15 @@ class ReferenceWorker:
 
     def _float64_reference(self, fresh: Callable[[], list]) -> Any:
         """The float64 model on float64 copies of fresh inputs. The float32 draw they were made
-        from goes back to the device before the pass: left in torch's cache it cannot hold the
-        pass's larger output (a 6.4 GB ReLU's reference peaked at 35 GB on an H200, not ~26)."""
+        from goes back to the device before the pass, and the float64 inputs after it: left in
+        torch's cache, neither block can hold the next, larger or differently split, allocation
+        (a 6.4 GB ReLU's reference peaked at 35 GB on an H200 instead of ~26)."""
         inputs = _to_double(fresh())
         _give_back_cached_memory(self.device)
-        return _contiguous(self.model64(*inputs))
+        output = _contiguous(self.model64(*inputs))
+        del inputs
+        _give_back_cached_memory(self.device)
+        return output
 
     def _compare(self, header: Any, refs: References) -> dict[str, Any]:
         """Map the candidate's shared outputs and compare them with ``refs`` in place."""
