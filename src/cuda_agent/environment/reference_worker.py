@@ -352,7 +352,7 @@ class ReferenceWorker:
         """The float64 model on float64 copies of fresh inputs. The float32 draw they were made
         from goes back to the device before the pass, and the float64 inputs after it: left in
         torch's cache, neither block can hold the next, larger or differently split, allocation
-        (a 6.4 GB ReLU's reference peaked at 35 GB on an H200 instead of ~26)."""
+        (a 6.4 GB ReLU's reference peaked at 35 GB on an H200; its float64 pass needs ~26)."""
         inputs = _to_double(fresh())
         _give_back_cached_memory(self.device)
         output = _contiguous(self.model64(*inputs))
