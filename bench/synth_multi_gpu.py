@@ -2,20 +2,20 @@
 then the full-scale training set (issue 29), one resumable 10-minute command at a time.
 
 The device machine is fresh at every call, so the run's state travels as an archive: a step unpacks
-``--state`` (if it exists), runs, and packs the state into ``$OUT`` (``ops-h100.tar.gz``, in 15 MiB
+``--state`` (if it exists), runs, and packs the state into ``$OUT`` (``ops-state.tar.gz``, in 15 MiB
 parts when larger: ``.part0``, ``.part1``, ...). Copy what comes back to ``--state`` for the next
 call and name it (or its parts) in the call's ``carry`` (``runs/`` is git-ignored, so it does not
 travel otherwise). The archive holds the run's records only (the
 journal, composed tasks, run records, settings and seed catalogue, ~10 MiB for 20,000 seeds); the
 data files and the card are written again from them.
 
-On the 4-GPU H100 host (64 cores), each step one call:
+On a 4-GPU H100 host (64 cores; a 2-GPU or H200 host runs the same), each step one call:
 
-    python bench/synth_multi_gpu.py measure --state runs/ops-h100.tar.gz --out $OUT
-    python bench/synth_multi_gpu.py build --state runs/ops-h100.tar.gz --out $OUT     # repeat until >= 6,000
+    python bench/synth_multi_gpu.py measure --state runs/ops-state.tar.gz --out $OUT
+    python bench/synth_multi_gpu.py build --state runs/ops-state.tar.gz --out $OUT     # repeat until >= 6,000
 Then here, on the CPU machine:
 
-    python bench/synth_multi_gpu.py publish --state runs/ops-h100.tar.gz --benchmark KernelBench/KernelBench
+    python bench/synth_multi_gpu.py publish --state runs/ops-state.tar.gz --benchmark KernelBench/KernelBench
 
 Expected durations and why:
 
@@ -31,7 +31,8 @@ Expected durations and why:
   At 4 x ~70 accepted a minute, ~2,500 tasks a call: 6,000 take ~3 calls after ``measure``
   (12,000, the aim, ~5).
 - ``publish`` (CPU, ~2 min for 12,000 tasks): withdraws KernelBench copies (``--benchmark``; the
-  device machine has no KernelBench checkout), writes ``data/ops-<N>k-h100/`` (Parquet, card, PNGs,
+  device machine has no KernelBench checkout), writes ``data/ops-<N>k-<gpu>/`` (``<gpu>``: the model
+  the run records name, ``h100``, ``h200``, joined when calls ran on both; Parquet, card, PNGs,
   run records, seed catalogue) and the 200-task sample in ``examples/data/``.
 
 Lanes: ``--lanes-per-gpu`` (14) filter workers and ``--composers-per-gpu`` (4) composer processes
@@ -48,6 +49,7 @@ from __future__ import annotations
 import argparse
 import glob
 import io
+import json
 import os
 import shutil
 import sys
@@ -71,7 +73,7 @@ STATE_FILES = (META, JOURNAL, COMPOSED, RUNS, SEED_OPS)
 """What the archive keeps: everything else is written again from these."""
 PART_BYTES = 15 << 20
 """Largest file that comes back from a device call is 16 MiB: archives are cut into parts below it."""
-ARCHIVE = "ops-h100.tar.gz"
+ARCHIVE = "ops-state.tar.gz"
 
 
 def unpack(state: Path, work: Path) -> None:
@@ -176,14 +178,26 @@ def measure(args: argparse.Namespace, work: Path) -> None:
     result["speedup_all_vs_one"] = every["accepted_per_hour"] / one["accepted_per_hour"] if one["accepted"] else None
     if "steady" in one and "steady" in every and one["steady"]["accepted_per_hour"]:
         result["steady_speedup_all_vs_one"] = every["steady"]["accepted_per_hour"] / one["steady"]["accepted_per_hour"]
-    slug = (result["machine"]["gpu"] or "cpu").lower().replace("nvidia ", "").split()[0]
-    write_json(result, args.out / f"synth_multi_gpu_{slug}.json")
+    write_json(result, args.out / f"synth_multi_gpu_{model_slug(result['machine']['gpu'] or 'cpu')}.json")
     print(f"all {len(gpus)} vs one: {result['speedup_all_vs_one']} (steady: {result.get('steady_speedup_all_vs_one')})")
 
 
 def build(args: argparse.Namespace, work: Path) -> None:
     result = {"machine": machine_details(), "build": phase("build", work, args, all_gpus(args), args.minutes)}
     write_json(result, args.out / f"synth_build_{int(time.time())}.json")
+
+
+def model_slug(gpu: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``h100``."""
+    return gpu.lower().replace("nvidia ", "").split()[0]
+
+
+def gpu_slug(work: Path) -> str:
+    """The GPU models the run's calls filtered on, as a folder-name part (``h100``, ``h100-h200``):
+    the eager-time window was measured there, so the set's name says which card it fits."""
+    records = [json.loads(line) for line in (work / RUNS).read_text().splitlines() if line.strip()]
+    models = {model_slug(gpu) for record in records for gpu in record["machine"]["gpus"]}
+    return "-".join(sorted(models)) or "cpu"
 
 
 def publish(args: argparse.Namespace, work: Path) -> None:
@@ -196,7 +210,7 @@ def publish(args: argparse.Namespace, work: Path) -> None:
             writer.finalize({op.name: op.family for op in catalogue.ops})
     (work / "tasks.jsonl").unlink(missing_ok=True)  # the published set is Parquet only (its card says which files)
     tasks = stats(work)["tasks"]
-    name = args.name or f"ops-{tasks // 1000}k-h100"
+    name = args.name or f"ops-{tasks // 1000}k-{gpu_slug(work)}"
     target = REPO / "data" / name
     target.mkdir(parents=True, exist_ok=True)
     for file in ("tasks.parquet", META, RUNS, SEED_OPS):
@@ -211,7 +225,7 @@ def main() -> None:
     parser.add_argument("step", choices=("measure", "build", "publish"))
     parser.add_argument("--state", type=Path, default=REPO / "runs" / ARCHIVE, help="the run's state archive")
     parser.add_argument("--work", type=Path, default=None,
-                        help="where the run's directory is unpacked (default: /tmp/ops-h100-run; runs/ops-h100 "
+                        help="where the run's directory is unpacked (default: /tmp/ops-run; runs/ops "
                              "for publish)")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "synth-multi-gpu-out")))
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -223,9 +237,9 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=8.8, help="build: the call's time limit")
     parser.add_argument("--warmup-s", type=float, default=60.0, help="steady rates count from here")
     parser.add_argument("--benchmark", type=Path, default=None, help="KernelBench/KernelBench, where it is present")
-    parser.add_argument("--name", default=None, help="publish: the data folder's name (default: ops-<N>k-h100)")
+    parser.add_argument("--name", default=None, help="publish: the data folder's name (default: ops-<N>k-<gpu>)")
     args = parser.parse_args()
-    work = args.work or (REPO / "runs" / "ops-h100" if args.step == "publish" else Path("/tmp/ops-h100-run"))
+    work = args.work or (REPO / "runs" / "ops" if args.step == "publish" else Path("/tmp/ops-run"))
     unpack(args.state, work)
     if args.step == "publish":
         publish(args, work)
