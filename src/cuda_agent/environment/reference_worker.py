@@ -338,7 +338,7 @@ class ReferenceWorker:
                     raise
                 except Exception as exc:  # noqa: BLE001 - an op without a float64 kernel, or no room for it
                     self.fp64_error = f"{type(exc).__name__}: {exc}"
-                    fp64 = None
+                if fp64 is None:  # the failed pass's tensors: freed only once its traceback is gone
                     _give_back_cached_memory(self.device)
             with tf32_enabled(False):
                 fp32 = _contiguous(self.model(*fresh()))
