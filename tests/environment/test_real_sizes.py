@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.environment import EvalConfig, LimitsConfig, Status, TimingConfig, VerifyConfig, evaluate, load_task
+from cuda_agent.evaluate.runner import selfcheck_config
 
 from support import EXAMPLES
 
@@ -61,6 +62,49 @@ def test_a_gib_problem_is_judged_within_four_times_its_input_per_worker_and_not_
         print(f"{worker}: peak {memory['peak_host_mb']:.0f} MB, loaded {memory['loaded_host_mb']:.0f} MB, "
               f"{grown / input_mb:.2f}x the input above loaded")
         assert grown <= 4 * input_mb + 128, (worker, memory)
+
+
+_WIDE_LINEAR_TASK = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(10240, 10240)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def get_inputs():
+    return [torch.randn(8, 10240)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_the_reference_copy_the_harness_builds_for_the_weights_is_not_charged_to_the_candidate(
+        tmp_path: Path, session_cache_dir: Path) -> None:
+    """400 MB of weights (KernelBench level 3's wide MLPs hold 8 GB): the candidate's process
+    builds the reference Model beside ModelNew to copy its weights over. Under a 768 MB limit that
+    fits the runtime and ModelNew's own weights but not the harness's copy too, the reference run
+    as its own candidate must come out correct, not ``out_of_memory``."""
+    task = tmp_path / "wide_linear.py"
+    task.write_text(_WIDE_LINEAR_TASK)
+    solution = tmp_path / "wide_linear_selfcheck.py"
+    solution.write_text(_WIDE_LINEAR_TASK + "\n\nclass ModelNew(Model):\n    pass\n")
+    config = selfcheck_config(EvalConfig(
+        device="cpu", cache_dir=session_cache_dir, limits=LimitsConfig(mem_mb=768),
+        verify=VerifyConfig(perturbed_trials=False, post_timing_check=False, timed_audits=1),
+        timing=TimingConfig(budget_s=0.3, min_samples=3, warmup_calls=1, compile_baseline=False)))
+    verdict = evaluate(load_task(task), solution, config)
+    assert verdict.status is Status.CORRECT, verdict.error
+    assert verdict.problem_bytes["parameter_bytes"] == (10240 * 10240 + 10240) * 4
+    memory = verdict.memory_mb["candidate"]
+    assert memory["peak_host_mb"] > 768, memory  # over its own limit: the harness's copy was there
 
 
 def test_a_problem_larger_than_the_machine_is_a_task_error_naming_its_bytes_before_anything_is_made(

@@ -269,8 +269,10 @@ class _Evaluation:
             self.verdict.notes.append(f"timing: {plan.audits} of {verify.timed_audits} timed calls audited (each "
                                       f"kept call holds the outputs, {gigabytes(size.output_bytes or 0)})")
         candidate = self.slot.candidate
-        if not on_device:  # what the harness holds in the candidate's process is not the candidate's
-            candidate.mem_mb = self.config.limits.mem_mb + plan.candidate_harness_bytes // 2**20
+        # what the harness holds in the candidate's process is not the candidate's: the reference
+        # Model it builds on the host to copy the weights from, and on the CPU the shared tensors
+        harness = size.parameter_bytes + (0 if on_device else plan.candidate_harness_bytes)
+        candidate.mem_mb = self.config.limits.mem_mb + harness // 2**20
         outputs = size.output_bytes if size.output_bytes is not None else size.input_bytes
         if candidate.disk_mb is not None and not on_device:  # shared output files live in its outputs folder
             candidate.disk_mb = self.config.limits.disk_mb + (plan.resident_trials + plan.audits + 2) * outputs // 2**20
