@@ -203,6 +203,7 @@ class _Evaluation:
     def _take_slot(self) -> None:
         """Workers, scratch folder and sandbox lease: prestarted ones when there are, else new."""
         if self.prestarted is not None:
+            self.prestarted.note_task(self.task.code)  # before taking: the slot started next learns it
             self.slot = self.prestarted.take(self.config)
         self.verdict.environment["prestarted"] = self.slot is not None
         if self.slot is None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from cuda_agent.environment import sandbox
 from cuda_agent.environment.config import EvalConfig
+from cuda_agent.environment.import_ahead import MAX_MODULES, modules_imported
 from cuda_agent.environment.timed_cpus import split_for
 from cuda_agent.environment.worker import WorkerProcess, child_env
 
@@ -55,9 +56,10 @@ class WorkerSlot:
     (on the CPU backend, the output files it shares back), the last two owned by the sandbox user.
     """
 
-    def __init__(self, config: EvalConfig, warm_device: bool = True) -> None:
+    def __init__(self, config: EvalConfig, warm_device: bool = True, imports: tuple[str, ...] = ()) -> None:
         """``warm_device``: have both workers initialise ``config.device`` as soon as they start
-        (else only their host side: imports and first CPU calls; see :meth:`warm`)."""
+        (else only their host side: imports and first CPU calls; see :meth:`warm`). ``imports``:
+        modules both workers import as they start (see :mod:`~cuda_agent.environment.import_ahead`)."""
         self.key = slot_key(config)
         self.device = config.device
         self.cpu_split = split_for(config.device)
@@ -72,7 +74,7 @@ class WorkerSlot:
         self.lease: sandbox.Lease | None = None
         try:
             self._start(config)
-            self._send_warm(config.device if warm_device else "cpu")
+            self._send_warm(config.device if warm_device else "cpu", imports)
         except BaseException:
             self.close()
             raise
@@ -106,10 +108,10 @@ class WorkerSlot:
             cpu_split=self.cpu_split,
         )
 
-    def _send_warm(self, device: str) -> None:
+    def _send_warm(self, device: str, imports: tuple[str, ...] = ()) -> None:
         for worker in (self.reference, self.candidate):  # both warm up at once, before anyone waits
             assert worker is not None
-            worker.send({"op": "warm", "device": device}, background=True)
+            worker.send({"op": "warm", "device": device, "imports": list(imports)}, background=True)
 
     def warm(self, timeout_s: float, device_gate: threading.Lock | None = None, compile_mode: str | None = None) -> None:
         """Wait until both workers have imported what they need and initialised the device (before
@@ -193,6 +195,8 @@ class Prestarter:
         self.compile_ahead = config.device == "cuda" and config.timing.compile_baseline
         """Whether the slots started next also warm ``torch.compile`` up: at first wherever a baseline
         is compiled, then as the last verdict says (:meth:`note_verdict`)."""
+        self._imports: dict[str, None] = {}
+        """Modules the tasks served so far import (:meth:`note_task`): slots started next import them."""
         self._thread = threading.Thread(target=self._run, name="cuda-agent-prestarter", daemon=True)
         self._thread.start()
 
@@ -213,6 +217,15 @@ class Prestarter:
         else:
             slot.on_close = self._wanted.release
         return slot
+
+    def note_task(self, code: str) -> None:
+        """Learn the modules a task's code imports (up to :data:`MAX_MODULES` per stream): the
+        slots started from now on import them while they wait, instead of the next verdicts."""
+        with self._lock:
+            for name in modules_imported(code):
+                if len(self._imports) >= MAX_MODULES:
+                    break
+                self._imports.setdefault(name)
 
     def note_verdict(self, verdict: Verdict) -> None:
         """Learn from a finished evaluation whether this stream's evaluations compile their
@@ -243,7 +256,9 @@ class Prestarter:
             if self._closed.is_set():
                 return
             try:
-                slot = WorkerSlot(self.config, warm_device=False)
+                with self._lock:
+                    imports = tuple(self._imports)
+                slot = WorkerSlot(self.config, warm_device=False, imports=imports)
             except Exception:  # noqa: BLE001 - the evaluation then starts its own slot and reports the failure
                 logger.exception("prestarting a worker slot failed")
                 self._ready.put(None)

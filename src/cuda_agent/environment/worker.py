@@ -427,9 +427,13 @@ Handler = Callable[[dict[str, Any]], dict[str, Any]]
 def warm_device(msg: dict[str, Any]) -> dict[str, Any]:
     """Initialise the device before any task or candidate is loaded (a worker's first request,
     sent as it starts): the evaluation that takes the worker does not wait for a CUDA context.
+    The modules in ``imports`` (what earlier tasks of the stream imported) are imported first.
     Workers whose first real request needs more (imports, probes) register their own ``warm``."""
     import torch
 
+    from cuda_agent.environment.import_ahead import import_ahead
+
+    import_ahead(msg.get("imports", ()))
     if msg["device"] == "cuda":
         torch.cuda.init()
         torch.empty(1, device="cuda")
