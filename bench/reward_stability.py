@@ -250,6 +250,8 @@ def summary(run: Run, config: EvalConfig) -> dict:
         "retimed_near_threshold": sum(any("timed again" in n for n in v.notes) for v in verdicts),
         "baselines_from_cache": sum(all(s == "cache" for s in v.baseline_sources.values()) for v in verdicts),
         "load_per_cpu": run.loads,
+        "sm_clock_mhz": [int(v.environment["sm_clock_mhz_timing"]) if "sm_clock_mhz_timing" in v.environment else None
+                         for v in verdicts],
         "verdict_s": [v.phase_seconds.get("total") for v in verdicts],
     }
 

@@ -21,6 +21,7 @@ def test_sandboxed_candidate_runs_cuda_kernels(run_evaluation, make_cuda_config)
     verdict = run_evaluation(RELU_TASK, RELU_WORKDIR, make_cuda_config())
     assert verdict.status is Status.CORRECT, verdict.error
     assert verdict.environment["sandbox"].startswith("uid ")
+    assert int(verdict.environment["sm_clock_mhz_timing"]) > 0  # read from NVML by the parent, beside the timing
 
 
 def test_host_clock_and_cuda_events_agree_on_a_kernel_of_known_length() -> None:

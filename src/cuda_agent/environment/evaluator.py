@@ -26,6 +26,7 @@ from typing import Any, Iterator
 from cuda_agent.environment.baselines import BaselineCache, provenance_note
 from cuda_agent.environment.build import BuiltSolution, CompileError, build_solution, require_buildable_for
 from cuda_agent.environment.config import EvalConfig, TimingConfig
+from cuda_agent.environment.device_clock import sm_clock_mhz
 from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.presets import reward_baseline_setting, timing_method_key
@@ -353,6 +354,7 @@ class _Evaluation:
                 "variants": missing, "seed": self.config.verify.init_seed, "timing": dataclasses.asdict(timing),
                 "timed_cpus": self._timed_cpus,
             })
+            self._note_clock("baselines")
             self._note_unpinned(reply, "the reference worker (baselines)")
             fresh = {v: TimingStats.from_dict(s) for v, s in reply["stats"].items()}
             cache.put(*key, fresh, timing, self.task.id)
@@ -525,6 +527,7 @@ class _Evaluation:
             "noise_seed": noise_seed, "audits": self._audits, "audit_seed": secrets.randbits(62),
             "host_clock": host_clock, "timed_cpus": self._timed_cpus,
         }, self.config.limits.timing_timeout_s, context="timing (host clock)" if host_clock else "timing")
+        self._note_clock("timing")
         self._note_unpinned(reply, "the candidate worker")
         self._raise_on_violations(reply)
         stats = TimingStats.from_dict(reply["stats"])
@@ -543,6 +546,12 @@ class _Evaluation:
         """The CPUs a worker moves its timing loops onto (see ``timed_cpus``)."""
         split = self.slot.cpu_split
         return sorted(split.timed) if split is not None else None
+
+    def _note_clock(self, after: str) -> None:
+        """The GPU's SM clock right after a timing (``device_clock``), in the verdict's environment."""
+        clock = sm_clock_mhz(self.config.device)
+        if clock is not None:
+            self.verdict.environment[f"sm_clock_mhz_{after}"] = str(clock)
 
     def _note_unpinned(self, reply: dict[str, Any], worker: str) -> None:
         if self._timed_cpus is not None and not reply.get("pinned"):
