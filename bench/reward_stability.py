@@ -22,7 +22,9 @@ over eager, its relative distance from the nearest threshold that can change the
 (``point_estimate_agreement``: no confidence bound), the coefficient of variation of
 ``candidate_ms`` over the verdicts, and how much of it one verdict's median error does not explain
 (``between_verdict_rel_err``: the figure ``reward.drift`` stands for, which ``--drift`` sets).
-Prints one summary line and writes JSON after every solution.
+On CUDA each verdict's SM clock after the candidate's timing is kept too (``sm_clock_mhz``): a
+verdict whose whole timing ran slow can be checked against it. Prints one summary line and writes
+JSON after every solution.
 
     python bench/reward_stability.py --device cpu --repeats 20 --out bench/results/reward_stability_cpu.json
     python bench/reward_stability.py --device cuda --sizes 10us --time-budget-s 540 \\
