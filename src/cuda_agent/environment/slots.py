@@ -221,10 +221,10 @@ class Prestarter:
     def note_task(self, code: str) -> None:
         """Learn the modules a task's code imports (up to :data:`MAX_MODULES` per stream): the
         slots started from now on import them while they wait, instead of the next verdicts."""
+        if len(self._imports) >= MAX_MODULES:
+            return  # full: the stream's tasks (often the same code again) are not parsed any more
         with self._lock:
-            for name in modules_imported(code):
-                if len(self._imports) >= MAX_MODULES:
-                    break
+            for name in modules_imported(code)[:MAX_MODULES - len(self._imports)]:
                 self._imports.setdefault(name)
 
     def note_verdict(self, verdict: Verdict) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import cuda_agent
+from cuda_agent.environment.import_ahead import import_ahead
 from cuda_agent.environment.timed_cpus import CpuSplit, start_off_timed
 
 _MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -430,8 +431,6 @@ def warm_device(msg: dict[str, Any]) -> dict[str, Any]:
     The modules in ``imports`` (what earlier tasks of the stream imported) are imported first.
     Workers whose first real request needs more (imports, probes) register their own ``warm``."""
     import torch
-
-    from cuda_agent.environment.import_ahead import import_ahead
 
     import_ahead(msg.get("imports", ()))
     if msg["device"] == "cuda":
