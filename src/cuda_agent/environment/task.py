@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from cuda_agent.python_source import parse_python
+
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 DATASET_SUFFIXES = (".parquet", ".jsonl")
 
@@ -51,7 +53,7 @@ def check_source(code: str, origin: str) -> None:
         TaskLoadError: naming ``origin``, the syntax error or the missing names.
     """
     try:
-        tree = ast.parse(code, filename=origin)
+        tree = parse_python(code, filename=origin)
     except SyntaxError as exc:
         raise TaskLoadError(f"{origin}: syntax error at line {exc.lineno}: {exc.msg}") from None
     except UnicodeError:
