@@ -1,6 +1,6 @@
 """Parsing from many threads at once: CPython 3.11's AST constructor shares a recursion counter
 across threads, so a garbage collection inside one ``ast.parse`` that switches to another parsing
-thread made one of them fail (a rollout episode was lost in CI). ``parse_python`` serialises them.
+thread made one of them fail (a rollout episode was lost in CI). ``parse_source`` serialises them.
 Under the load below, plain ``ast.parse`` failed once in every run on Python 3.11.7."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import time
 
 from cuda_agent.environment import evaluator
-from cuda_agent.python_source import parse_python
+from cuda_agent.python_source import parse_source
 
 SOURCE = open(evaluator.__file__).read()
 
@@ -33,7 +33,7 @@ def test_threads_parsing_at_once_under_garbage_collection_all_succeed() -> None:
             for _ in range(200):
                 _Cycle()
             try:
-                parse_python(SOURCE)
+                parse_source(SOURCE)
             except SystemError as exc:
                 errors.append(exc)
 

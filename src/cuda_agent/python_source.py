@@ -5,7 +5,7 @@ interpreter. A garbage collection during one ``ast.parse`` can run finalizers th
 thread parsing too, and one of them then fails with ``SystemError: AST constructor recursion depth
 mismatch`` (python/cpython#106905). Evaluations run side by side in threads (RL rollouts, pools,
 the keep-warm evaluator) and parse tasks and solutions, and one rollout episode was lost that way in
-CI. Every parse in this package goes through :func:`parse_python`, which holds a lock around it.
+CI. Every parse in this package goes through :func:`parse_source`, which holds a lock around it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 _PARSING = threading.Lock()
 
 
-def parse_python(source: str, filename: str = "<unknown>") -> ast.Module:
+def parse_source(source: str, filename: str = "<unknown>") -> ast.Module:
     """``ast.parse(source, filename)``, serialised with every other parse in this process."""
     with _PARSING:
         return ast.parse(source, filename=filename)

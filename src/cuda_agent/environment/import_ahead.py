@@ -15,7 +15,7 @@ import ast
 import importlib
 import sys
 
-from cuda_agent.python_source import parse_python
+from cuda_agent.python_source import parse_source
 
 MAX_MODULES = 32
 """A stream's learned set stops growing here: each module costs every later slot its import."""
@@ -30,7 +30,7 @@ def modules_imported(code: str) -> tuple[str, ...]:
     top-level packages of ``transformers`` do). Code that does not parse names nothing (its
     verdict reports why)."""
     try:
-        tree = parse_python(code)
+        tree = parse_source(code)
     except (SyntaxError, ValueError):
         return ()
     names: list[str] = []

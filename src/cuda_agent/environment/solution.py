@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cuda_agent.environment.launchers import uses_launchers
-from cuda_agent.python_source import parse_python
+from cuda_agent.python_source import parse_source
 
 WORKDIR_MODEL_FILE = "model_new.py"
 KERNELS_DIR = "kernels"
@@ -87,7 +87,7 @@ def _cuda_load_calls(path: Path) -> tuple[str, ...]:
     """``file:line`` of each ``load_inline(..., cuda_sources=<not empty>)`` (keyword or third
     positional argument) and each ``load(...)`` whose sources name a ``.cu`` file in ``path``."""
     found = []
-    for node in ast.walk(parse_python(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse_source(path.read_text(), filename=str(path))):
         if not isinstance(node, ast.Call):
             continue
         name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
@@ -113,7 +113,7 @@ def _empty_literal(node: ast.expr) -> bool:
 
 def _defines_model_new(path: Path) -> None:
     try:
-        tree = parse_python(path.read_text(), filename=str(path))
+        tree = parse_source(path.read_text(), filename=str(path))
     except SyntaxError as exc:
         raise SolutionError(f"{path}: syntax error at line {exc.lineno}: {exc.msg}") from None
     except (OSError, UnicodeDecodeError) as exc:

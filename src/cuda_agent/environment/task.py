@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuda_agent.python_source import parse_python
+from cuda_agent.python_source import parse_source
 
 REQUIRED_NAMES = ("Model", "get_inputs", "get_init_inputs")
 DATASET_SUFFIXES = (".parquet", ".jsonl")
@@ -53,7 +53,7 @@ def check_source(code: str, origin: str) -> None:
         TaskLoadError: naming ``origin``, the syntax error or the missing names.
     """
     try:
-        tree = parse_python(code, filename=origin)
+        tree = parse_source(code, filename=origin)
     except SyntaxError as exc:
         raise TaskLoadError(f"{origin}: syntax error at line {exc.lineno}: {exc.msg}") from None
     except UnicodeError:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cuda_agent.python_source import parse_python
+from cuda_agent.python_source import parse_source
 from cuda_agent.synth.records import TaskRecord
 
 logger = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ def fingerprint(source: str, name: str = "<task>") -> Fingerprint:
         ValueError: ``source`` is not valid Python.
     """
     try:
-        tree = parse_python(source)
+        tree = parse_source(source)
     except SyntaxError as exc:
         raise ValueError(f"{name}: not valid Python ({exc.msg}, line {exc.lineno}); "
                          "tasks must parse to be compared") from exc
@@ -393,7 +393,7 @@ def load_benchmark(path: str | Path) -> dict[str, str]:
             continue
         source = file.read_text(encoding="utf-8")
         try:
-            tree = parse_python(source)
+            tree = parse_source(source)
         except SyntaxError as exc:
             raise ValueError(f"benchmark file {str(file)!r} is not valid Python ({exc.msg}, "
                              f"line {exc.lineno}); fix it or pass the task folder only") from exc

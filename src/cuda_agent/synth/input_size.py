@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProcess, child_env, serve
-from cuda_agent.python_source import parse_python
+from cuda_agent.python_source import parse_source
 
 DEFAULT_MAX_INPUT_MB = 1024.0
 """Default bound on the bytes of one task's ``get_inputs()`` (MiB); see the module docstring."""
@@ -95,7 +95,7 @@ def read_size(code: str) -> InputSize | None:
     :func:`measure` runs the code). Saves starting a worker for the many tasks far under the bound.
     """
     try:
-        tree = parse_python(code)
+        tree = parse_source(code)
     except SyntaxError:
         return None
     constants = {name: value for name, (value, _) in _constants(code).items()}
@@ -155,7 +155,7 @@ def bound(code: str, max_bytes: int) -> Bounded:
 def _constants(code: str) -> dict[str, tuple[int, ast.Constant]]:
     """Module-level ``NAME = <int>`` assignments: ``{name: (value, literal node)}``."""
     found = {}
-    for node in parse_python(code).body:
+    for node in parse_source(code).body:
         if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
                 and isinstance(node.value, ast.Constant) and type(node.value.value) is int):
             found[node.targets[0].id] = (node.value.value, node.value)
@@ -165,7 +165,7 @@ def _constants(code: str) -> dict[str, tuple[int, ast.Constant]]:
 def _free_size_constants(code: str) -> list[str]:
     """Size constants ``get_inputs()`` reads and ``get_init_inputs()`` and ``Model`` do not, in
     source order: scaling them changes the inputs, never a layer's shape."""
-    tree = parse_python(code)
+    tree = parse_source(code)
     read_by: dict[str, set[str]] = {}
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.ClassDef)):

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from cuda_agent.environment.task import TaskLoadError, check_source
 from cuda_agent.llm import ChatClient, LLMConfig, LLMError, UsageLog
-from cuda_agent.python_source import parse_python
+from cuda_agent.python_source import parse_source
 from cuda_agent.synth.records import SeedOp, TaskRecord
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def validate(code: str, ops: Sequence[SeedOp]) -> None:
         check_source(code, "your code")
     except TaskLoadError as exc:
         raise InvalidComposition(str(exc)) from None
-    tree = parse_python(code)
+    tree = parse_source(code)
     model = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Model"), None)
     if model is None or not any(isinstance(n, ast.FunctionDef) and n.name == "forward" for n in model.body):
         raise InvalidComposition("your code: Model must be a top-level class with a forward method")

@@ -35,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from cuda_agent.environment.worker import RemoteError, WorkerError, WorkerProcess, child_env, serve
-from cuda_agent.python_source import parse_python
+from cuda_agent.python_source import parse_source
 from cuda_agent.synth.records import SEED_OPS_VERSION, SeedOp
 
 log = logging.getLogger(__name__)
@@ -435,7 +435,7 @@ def _signature(obj: Any) -> inspect.Signature | None:
     if match is None:
         return signature
     try:
-        args = parse_python(f"def f({match['args']}): pass").body[0].args
+        args = parse_source(f"def f({match['args']}): pass").body[0].args
     except SyntaxError:
         return signature
     if args.vararg or args.kwarg:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cuda_agent.environment.guards.cpp_lexer import CppSource
-from cuda_agent.python_source import parse_python
+from cuda_agent.python_source import parse_source
 
 if TYPE_CHECKING:
     from cuda_agent.environment.guards.python_sources import LoadCall, SourceReader
@@ -211,7 +211,7 @@ def _top_level(body: list[ast.stmt]) -> list[ast.stmt]:
 def parse_python(path: str, text: str, directory: Path | None = None, root: Path | None = None) -> PyModule | str:
     """The parsed module, or a one-line reason why ``text`` is not valid Python."""
     try:
-        tree = parse_python(text, filename=path)
+        tree = parse_source(text, filename=path)
     except SyntaxError as exc:
         return f"{path}:{exc.lineno or 0}: not valid Python ({exc.msg}); fix the syntax error"
     except (ValueError, RecursionError, MemoryError, OverflowError) as exc:
