@@ -17,6 +17,10 @@ Then here, on the CPU machine:
 
     python bench/synth_multi_gpu.py publish --state runs/ops-state.tar.gz --benchmark KernelBench/KernelBench
 
+``publish`` copies the state archive into the data folder beside the Parquet, so that a later session
+continues the run from the repository: ``build --state data/ops-<N>k-<gpu>/ops-state.tar.gz``
+(then ``git rm`` the smaller folder the next ``publish`` supersedes).
+
 Expected durations and why:
 
 - ``measure`` (~9.5 min): mining the seed catalogue when the state has none (~15 s on an H100 host),
@@ -78,8 +82,7 @@ ARCHIVE = "ops-state.tar.gz"
 
 def unpack(state: Path, work: Path) -> None:
     """Replace ``work`` with the run's state from ``state`` (a file, or its ``.part<k>`` files)."""
-    parts = [state] if state.exists() else sorted(Path(p) for p in glob.glob(f"{state}.part*"))
-    parts.sort(key=lambda path: int(path.name.rsplit(".part", 1)[1]) if ".part" in path.name else -1)
+    parts = state_parts(state)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     if parts:
@@ -87,6 +90,14 @@ def unpack(state: Path, work: Path) -> None:
         with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
             archive.extractall(work, filter="data")
         print(f"unpacked {len(data) / 2**20:.1f} MiB of state from {len(parts)} file(s) into {work}")
+
+
+def state_parts(state: Path) -> list[Path]:
+    """The archive's files in order: ``state`` itself, or its ``.part<k>`` files (none: a new run)."""
+    if state.exists():
+        return [state]
+    parts = [Path(p) for p in glob.glob(f"{state}.part*")]
+    return sorted(parts, key=lambda path: int(path.name.rsplit(".part", 1)[1]))
 
 
 def pack(work: Path, out: Path) -> list[Path]:
@@ -215,6 +226,13 @@ def publish(args: argparse.Namespace, work: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for file in ("tasks.parquet", META, RUNS, SEED_OPS):
         shutil.copy2(work / file, target / file)
+    # The state travels with the set, so that a later session continues this run from the repository
+    # (runs/ is not kept): `build --state data/<name>/ops-state.tar.gz`.
+    parts = [part.read_bytes() for part in state_parts(args.state)]  # read first: it may lie in target
+    for stale in glob.glob(str(target / f"{ARCHIVE}*")):
+        os.unlink(stale)
+    for index, data in enumerate(parts):
+        (target / (ARCHIVE if len(parts) == 1 else f"{ARCHIVE}.part{index}")).write_bytes(data)
     make_card(work, target / "README.md", benchmark=args.benchmark)
     write_sample(target, min(200, tasks), REPO / "examples" / "data" / f"{name}-sample")
     print(f"published {tasks} tasks in {target} and a {min(200, tasks)}-task sample in examples/data/{name}-sample")
