@@ -29,6 +29,7 @@ def test_a_smoke_budget_baseline_is_never_reused_by_a_default_budget_verdict(
     smoke = run_evaluation(task, solution, make_config(timing=FAST_TIMING))
     assert smoke.status is Status.CORRECT, smoke.error
     assert smoke.baseline_sources == {"eager_tf32_off": "timed"}
+    assert 0 < smoke.baseline_seconds["eager_tf32_off"] <= smoke.phase_seconds["baselines"]
 
     full = run_evaluation(task, solution, make_config(timing=DEFAULT_BUDGET))
     assert full.status is Status.CORRECT, full.error
@@ -43,6 +44,7 @@ def test_a_smoke_budget_baseline_is_never_reused_by_a_default_budget_verdict(
                     "which no verdict reuses")
     quick = run_evaluation(task, solution, make_config(timing=FAST_TIMING))
     assert quick.baseline_sources == {"eager_tf32_off": "cache"}  # the thorough entry serves a quicker verdict
+    assert quick.baseline_seconds == {}
     assert quick.baselines == full.baselines
     (note,) = [n for n in quick.notes if n.startswith("baselines: ")]
     assert note.startswith(f"baselines: eager_tf32_off from the cache ({stats.n} samples, median "

@@ -75,6 +75,7 @@ PRESET_DEPENDENT = {
     # the milestone rule: strict's confidence bounds, paper's measured speed-ups
     "reward_confidence", "reward_drift", "speedup_vs_eager_lower", "speedup_vs_compile_lower",
     "baseline_sources",  # each preset's baselines are cached apart (another timing method): timed or not
+    "baseline_seconds",  # so the seconds their timing took, or none when cached
     "environment",  # per evaluation: the sandbox uid, whether workers were prestarted
     "memory_mb",  # measured per evaluation (resident memory of each worker)
 }

@@ -28,6 +28,10 @@ def test_prestarted_slots_warm_compile_up_only_while_baselines_are_compiled(make
         first = evaluate(task, RELU_SOLUTION, config, prestarted=prestarted)
         assert first.status is Status.CORRECT, first.error
         assert first.baseline_sources["compile_tf32_off"] == "timed" and prestarted.compile_ahead
+        # where its baselines phase went: the compile, then the four loops (TF32 on recompiles in its own)
+        assert set(first.baseline_seconds) == {"compile", *first.baseline_sources}
+        assert sum(first.baseline_seconds.values()) <= first.phase_seconds["baselines"]
         second = evaluate(task, RELU_SOLUTION, config, prestarted=prestarted)  # its slot was warmed with compile
         assert second.status is Status.CORRECT, second.error
         assert set(second.baseline_sources.values()) == {"cache"} and not prestarted.compile_ahead
+        assert second.baseline_seconds == {}

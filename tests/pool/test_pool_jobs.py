@@ -89,7 +89,7 @@ def test_verdict_round_trips_through_its_json_form() -> None:
         "baselines": {"eager_tf32_off": {"median_ms": 2.0, "mean_ms": 2.1, "std_ms": 0.1, "n": 10,
                                          "rel_std_err": 0.01, "budget_exhausted": False, "calls_per_sample": 1,
                                          "median_rel_err": 0.004}},
-        "baseline_sources": {"eager_tf32_off": "cache"},
+        "baseline_sources": {"eager_tf32_off": "timed"}, "baseline_seconds": {"eager_tf32_off": 0.4},
         "candidate_timing": None, "reward_baseline": "tf32_off",
         "trials": [{"index": 0, "kind": "standard", "passed": True, "message": "ok", "max_abs_err": 0.0,
                     "error_ratio": None}],

@@ -357,6 +357,7 @@ class _Evaluation:
             self._note_clock("baselines")
             self._note_unpinned(reply, "the reference worker (baselines)")
             fresh = {v: TimingStats.from_dict(s) for v, s in reply["stats"].items()}
+            self.verdict.baseline_seconds = reply["seconds"]
             cache.put(*key, fresh, timing, self.task.id)
         stats = {v: cached[v].stats if v in cached else fresh[v] for v in variants}
         self.verdict.baselines = stats

@@ -379,10 +379,12 @@ class ReferenceWorker:
         config = TimingConfig(**msg["timing"])
         inputs = self._public_inputs(msg["seed"])
         timer = make_timer(self.device, config)
+        seconds: dict[str, float] = {}  # where the phase went: the first compile, then each loop
         if any(variant.startswith("compile_") for variant in msg["variants"]):
-            self.compile(msg)
+            seconds["compile"] = self.compile(msg)["seconds"]
         stats, pinned = {}, True
         for variant in msg["variants"]:
+            started = time.perf_counter()
             kind, setting = variant.rsplit("_tf32_", 1)
             model = self.model if kind == "eager" else self._compiled(config)
             with torch.no_grad(), tf32_setting(setting), pinned_to(msg.get("timed_cpus")) as moved:
@@ -390,7 +392,8 @@ class ReferenceWorker:
                 fresh = FreshInputs(inputs, config.input_noise, seed=msg["seed"])
                 stats[variant] = measure(model, timer, config, prepare=fresh.for_call).__dict__
             pinned = pinned and moved
-        return {"stats": stats, "pinned": pinned}
+            seconds[variant] = time.perf_counter() - started
+        return {"stats": stats, "pinned": pinned, "seconds": seconds}
 
     def compile(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Build ``torch.compile(Model)`` and run it once now, so that a later ``baselines`` request

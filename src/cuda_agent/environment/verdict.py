@@ -117,6 +117,11 @@ class Verdict:
     """Per baseline variant: ``cache`` (an entry timed by an earlier verdict at least as thoroughly,
     under a comparable load) or ``timed`` (measured by this verdict); a note gives each one's
     sample count and spread."""
+    baseline_seconds: dict[str, float] = field(default_factory=dict)
+    """Where the ``baselines`` phase went when this verdict timed any: ``compile`` (building
+    ``torch.compile(Model)`` and its first run) and each timed variant's loop, warm-up included (a
+    TF32 setting other than the compile's recompiles there). Empty when every baseline came from the
+    cache."""
     candidate_timing: TimingStats | None = None
     reward_baseline: str = "tf32_off"  # TF32 setting of the reward's baselines: tf32_off, tf32_on, fastest, tf32_default
     trials: list[TrialResult] = field(default_factory=list)

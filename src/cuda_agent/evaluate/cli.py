@@ -178,7 +178,8 @@ def tasks_check_command(
 
 
 def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
-    """One problem of a self-check: its verdict's status, sizes, memory, baselines and phases."""
+    """One problem of a self-check: its verdict's status, sizes, memory, baselines (and where their
+    timing went) and phases."""
     verdict = record.verdict or {}
     sizes = verdict.get("problem_bytes") or {}
     baselines = verdict.get("baselines") or {}
@@ -186,6 +187,7 @@ def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
             "input_gb": _gb(sizes.get("input_bytes")), "output_gb": _gb(sizes.get("output_bytes")),
             "memory_mb": verdict.get("memory_mb") or {},
             "baseline_ms": {name: stats["median_ms"] for name, stats in baselines.items()},
+            "baseline_seconds": verdict.get("baseline_seconds") or {},
             "phase_seconds": verdict.get("phase_seconds") or {}}
 
 
