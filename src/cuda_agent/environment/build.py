@@ -156,7 +156,10 @@ def build_solution(solution: Solution, device: Device, config: BuildConfig, cach
         except SolutionTooLarge as exc:
             raise CompileError(str(exc)) from None
         try:
-            tools = _prepare(solution, device, config, cache_dir, place.sandboxed)
+            # Plain PyTorch needs no toolchain: on a fresh machine its preparation (torch's flags, the
+            # precompiled header) kept a self-check's first verdict waiting 40 s on 2 cores.
+            tools = (toolchain_dir(device, config, cache_dir) if solution.compiles_nothing()
+                     else _prepare(solution, device, config, cache_dir, place.sandboxed))
             for attempt in range(INFRA_RETRIES + 1):
                 try:
                     log_tail, compile_stats = _run_compile_child(place, device, config, build_dir, extensions_dir,

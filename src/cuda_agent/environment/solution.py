@@ -71,6 +71,15 @@ class Solution:
             return tuple(str(p.relative_to(self.root)) for p in self.kernel_files if p.suffix == ".cu")
         return _cuda_load_calls(self.model_file)
 
+    def compiles_nothing(self) -> bool:
+        """A single file that never names ``cpp_extension`` or ``load_inline``: plain PyTorch (a
+        ``tasks check`` candidate, say), for which no compiler runs. Read from the text alone; code
+        that reaches the compiler some other way still builds, only without the prepared toolchain."""
+        if self.layout is not Layout.SINGLE_FILE:
+            return False
+        source = self.model_file.read_text()
+        return "cpp_extension" not in source and "load_inline" not in source
+
     def content_hash(self) -> str:
         """Hash of everything the build compiles (the model file too for the single-file layout)."""
         digest = hashlib.sha256(f"{self.layout.value}:{self.binding_style}".encode())
