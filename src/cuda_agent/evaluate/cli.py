@@ -187,6 +187,7 @@ def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
             "input_gb": _gb(sizes.get("input_bytes")), "output_gb": _gb(sizes.get("output_bytes")),
             "memory_mb": verdict.get("memory_mb") or {},
             "baseline_ms": {name: stats["median_ms"] for name, stats in baselines.items()},
+            "baseline_sources": verdict.get("baseline_sources") or {},
             "baseline_seconds": verdict.get("baseline_seconds") or {},
             "phase_seconds": verdict.get("phase_seconds") or {}}
 
