@@ -23,8 +23,15 @@ its time limit keeps what it measured):
 - ``selfcheck``: ``cuda-agent tasks check`` over KernelBench levels (``--levels``), resumable in
   ``--work``. Keys: ``selfcheck.level<N>`` = {tasks, correct, task_error, infra_error, wall_s,
   complete}.
-- ``synth``: ``tasks check`` over a fixed 100-task sample of data/synth-h100. Key:
-  ``synth_sample.median_verdict_s``.
+- ``synth``: ``tasks check`` over a fixed 100-task sample of data/synth-h100, then the same tasks
+  again into a second run folder: the first pass times every baseline (a task new to the machine),
+  the second finds them in the baseline cache (every later verdict of a task, as in RL rollouts).
+  Keys: ``synth_sample.median_verdict_s`` and ``synth_sample_cached.median_verdict_s``, each with
+  ``median_phase_s`` (where a median verdict's time goes).
+
+Every ``tasks check`` runs with ``$CUDA_AGENT_CACHE_DIR`` set to ``--cache-dir`` (default
+``<work>/cache``) and is stopped by SIGTERM when the time budget ends: it stops its workers and
+keeps its stored results, and the next run continues it.
 
     python bench/real_sizes.py --kernelbench ../KernelBench --out bench/results/real_sizes_h100.json
     python bench/real_sizes.py --parts selfcheck --levels 1 --kernelbench ../KernelBench --work /tmp/rs \\
@@ -254,19 +261,25 @@ def measure_kernelbench(args: argparse.Namespace, result: dict[str, Any], budget
     write_json(result, args.out)
 
 
-def _tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget, gpus: str | None) -> dict[str, Any]:
+def _tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget, gpus: str | None,
+                 cache_dir: Path) -> dict[str, Any]:
     """``cuda-agent tasks check`` in a subprocess until done or out of budget (it resumes)."""
     started = time.monotonic()
     command = [sys.executable, "-m", "cuda_agent.cli", "tasks", "check", str(tasks), *extra, "--out", str(out_dir), "--json",
                *(["--gpus", gpus] if gpus else [])]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=max(10, budget.left_s()))
-        report = json.loads(done.stdout) if done.stdout.strip().startswith("{") else None
-        complete = report is not None and done.returncode in (0, 1)
-    except subprocess.TimeoutExpired:
-        report, complete = None, False
-    if report is None:  # stopped by the budget: read what the store holds
-        report = _stored_report(out_dir)
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, "CUDA_AGENT_CACHE_DIR": str(cache_dir)}) as run:
+        try:
+            stdout, _ = run.communicate(timeout=max(10, budget.left_s()))
+        except subprocess.TimeoutExpired:
+            run.terminate()  # SIGTERM: it stops its workers, keeping what it stored
+            try:
+                stdout, _ = run.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                stdout, _ = run.communicate()
+    complete = run.returncode in (0, 1) and stdout.strip().startswith("{")
+    report = json.loads(stdout) if complete else _stored_report(out_dir)  # stopped: read what the store holds
     counts = report["counts"] if report else {}
     return {"tasks": sum(counts.values()), "correct": counts.get("correct", 0), "task_error": counts.get("task_error", 0),
             "infra_error": counts.get("infra_error", 0), "counts": counts, "wall_s": time.monotonic() - started,
@@ -291,7 +304,8 @@ def measure_selfcheck(args: argparse.Namespace, result: dict[str, Any], budget: 
     for level in args.levels:
         if budget.spent():
             break
-        entry = _tasks_check(args.kernelbench, ["--level", str(level)], args.work / f"level{level}", budget, args.gpus)
+        entry = _tasks_check(args.kernelbench, ["--level", str(level)], args.work / f"level{level}", budget, args.gpus,
+                             args.cache_dir)
         previous = section.get(f"level{level}", {})
         entry["wall_s"] += previous.get("wall_s", 0.0) if not previous.get("complete", True) else 0.0
         section[f"level{level}"] = entry
@@ -312,12 +326,24 @@ def measure_synth(args: argparse.Namespace, result: dict[str, Any], budget: Budg
         sample.mkdir()
         for task in random.Random(0).sample(loaded, 100):
             (sample / f"{task.id}.py").write_text(task.code)
-    entry = _tasks_check(sample, [], args.work / "synth_check", budget, args.gpus)
-    seconds = [row["phase_seconds"]["total"] for row in entry["problems"] if row["phase_seconds"].get("total")]
-    entry["median_verdict_s"] = statistics.median(seconds) if seconds else None
-    result["synth_sample"] = entry
-    print(f"synth sample: {entry['counts']}, median verdict {entry['median_verdict_s']} s", flush=True)
-    write_json(result, args.out)
+    for key, folder in (("synth_sample", "synth_check"), ("synth_sample_cached", "synth_cached")):
+        if budget.spent():
+            break
+        entry = _tasks_check(sample, [], args.work / folder, budget, args.gpus, args.cache_dir)
+        entry.update(_medians(entry["problems"]))
+        result[key] = entry
+        print(f"{key}: {entry['counts']}, median verdict {entry['median_verdict_s']} s", flush=True)
+        write_json(result, args.out)
+        if not entry["complete"]:
+            break  # the cached pass needs every baseline of the first
+
+
+def _medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median verdict and the median of each phase over ``rows`` (tasks check's problems)."""
+    timed = [row["phase_seconds"] for row in rows if row["phase_seconds"].get("total")]
+    phases = sorted({name for seconds in timed for name in seconds})
+    return {"median_verdict_s": statistics.median(s["total"] for s in timed) if timed else None,
+            "median_phase_s": {name: statistics.median(s.get(name, 0.0) for s in timed) for name in phases}}
 
 
 PARTS = {"sizes": measure_sizes, "kernelbench": measure_kernelbench, "selfcheck": measure_selfcheck,

@@ -3,8 +3,12 @@ device and the evaluation config built from a YAML file and options."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -16,6 +20,8 @@ from cuda_agent.environment import ConfigError, EvalConfig, timed_cpus
 from cuda_agent.environment.guards import GuardConfigError
 
 EXIT_BAD_USAGE = 2
+EXIT_INTERRUPTED = 130
+"""A run stopped by Ctrl-C or SIGTERM (the shell's 128 + SIGINT)."""
 PIPED_COLUMNS = "120"
 """Width of output that is not a terminal (a log, a pipe) when ``COLUMNS`` does not say: rich's 80
 would cut ``--help`` text short."""
@@ -35,6 +41,25 @@ def fail_usage(message: str) -> NoReturn:
     """Print ``message`` as an error and exit with status 2 (bad usage or unreadable input)."""
     err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)  # '[parquet]' is text, not markup
     raise typer.Exit(EXIT_BAD_USAGE)
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Make SIGTERM stop the block as Ctrl-C does (``KeyboardInterrupt``): batch schedulers and
+    timeouts send it before SIGKILL, and a run stopped this way closes its workers and keeps every
+    result stored so far. Only the main thread may set a handler; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def default_device() -> str:

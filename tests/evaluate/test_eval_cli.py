@@ -114,6 +114,31 @@ def test_killed_run_continues_without_reevaluating_finished_tasks_then_reports(
     assert (tmp_path / "cmp" / "summary.md").read_text().count("Verdicts: preset strict: precision faithful") == 2
 
 
+def test_sigterm_stops_a_run_at_once_keeping_what_is_stored(tmp_path: Path, fault_solution, cli, cli_env,
+                                                           fast_config_file) -> None:
+    # Two lanes: task a is judged while task z's candidate sleeps at import (its timeout is minutes
+    # away); then the run gets SIGTERM, as a batch scheduler or a timeout sends it.
+    tasks, solutions, run = tmp_path / "tasks", tmp_path / "solutions", tmp_path / "run"
+    tasks.mkdir()
+    solutions.mkdir()
+    for name, fault in (("a", "relu_ok"), ("z", "sleep_at_import")):
+        shutil.copy(SMALL_RELU_TASK, tasks / f"{name}.py")
+        shutil.copytree(fault_solution(fault), solutions / name)
+    command = [*cli, "eval", "--tasks", str(tasks), "--solutions", str(solutions), "--out", str(run), "--device", "cpu",
+               "--no-compile-baseline", "--config", str(fast_config_file), "--workers", "2"]
+    first = subprocess.Popen(command, env=cli_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    store = run / "results.sqlite"
+    assert wait_until(lambda: "a" in stored_rows(store), timeout_s=600), \
+        first.stderr.read() if first.poll() is not None else "task a had no result within 600 s"
+    workers = descendants(first.pid)
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=60) == 130, first.stderr.read()
+    assert "interrupted: 1 of 2 tasks have results" in " ".join(first.stderr.read().split())
+    assert set(stored_rows(store)) == {"a"}, "the interrupted job was stored as if it had a result"
+    assert wait_until(lambda: not [pid for pid in workers if is_live(pid)], timeout_s=30), \
+        "the interrupted run left processes behind"
+
+
 def test_continuing_a_run_with_other_settings_is_refused(small_suite, tmp_path: Path) -> None:
     tasks, solutions = small_suite
     run = tmp_path / "run"

@@ -276,12 +276,18 @@ class WorkerProcess:
         except OSError:
             return ""
 
-    def kill(self) -> None:
-        """Kill the worker's whole process group and reap it (idempotent)."""
-        try:  # the whole group: children the worker started may outlive its leader
+    def kill_group(self) -> None:
+        """SIGKILL the worker's whole process group (children the worker started may outlive its
+        leader), without reaping it or closing the pipes: safe from another thread while one waits
+        for a reply, which then sees the worker die."""
+        try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+    def kill(self) -> None:
+        """Kill the worker's whole process group and reap it (idempotent)."""
+        self.kill_group()
         self.proc.wait()
         for fd in (self._to_child_w, self._from_child_r):
             try:

@@ -19,7 +19,8 @@ from cuda_agent.agent.policies import POLICIES as AGENT_POLICIES
 from cuda_agent.agent.policies import PolicySpec
 from cuda_agent.cli_output import BAR_COLUMNS, WrappingTable, step_progress
 from cuda_agent.cli_support import (
-    PRESET_HELP, build_eval_config, console, err_console, fail_usage, require_local_device,
+    EXIT_INTERRUPTED, PRESET_HELP, build_eval_config, console, err_console, fail_usage, require_local_device,
+    sigterm_interrupts,
 )
 from cuda_agent.environment import POLICIES
 from cuda_agent.environment.presets import describe
@@ -111,24 +112,31 @@ def eval_command(
 
 def run_with_progress(spec: RunSpec, quiet: bool) -> RunSummary:
     """:func:`run_benchmark` with a progress bar (a line per finished task off a terminal) and its
-    messages on stderr; a run that cannot start is a usage error."""
+    messages on stderr; a run that cannot start is a usage error. Ctrl-C or SIGTERM stops it at once
+    (the jobs running are dropped, to be judged by a rerun) and exits 130, every stored result kept."""
     progress = step_progress(*BAR_COLUMNS, TimeRemainingColumn(), disable=quiet)
-    state = {"bar": None, "correct": 0}
+    state = {"bar": None, "correct": 0, "total": 0, "done": 0}
 
     def start(total: int, done: int) -> None:
         state["bar"] = progress.add_task("evaluating", total=total, completed=done)
+        state["total"], state["done"] = total, done
 
     def result(record: ResultRecord) -> None:
         state["correct"] += record.correct
+        state["done"] += 1
         progress.update(state["bar"], advance=1, description=f"evaluating ({state['correct']} correct this session)")
 
     events = RunEvents(note=lambda message: err_console.print(message, markup=False, highlight=False),
                        start=start, result=result)
     try:
-        with progress:
+        with sigterm_interrupts(), progress:
             return run_benchmark(spec, events)
     except RunError as exc:
         fail_usage(str(exc))
+    except KeyboardInterrupt:
+        err_console.print(f"[yellow]interrupted: {state['done']} of {state['total']} tasks have results in "
+                          f"{spec.run_dir}; run the same command again to continue[/yellow]")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def exit_if_incomplete(summary: RunSummary) -> None:

@@ -117,6 +117,11 @@ class EvalLane(abc.ABC):
         """
 
     @abc.abstractmethod
+    def interrupt(self) -> None:
+        """Stop the job running now, from another thread (an interrupted run): :meth:`evaluate`
+        then raises ``LaneFailed`` in the lane's thread, which closes the lane."""
+
+    @abc.abstractmethod
     def close(self) -> None:
         """Stop the worker and release what it holds (idempotent)."""
 

@@ -91,6 +91,11 @@ class ProcessLane(EvalLane):
             raise JobRejected(f"the evaluation raised {exc}\n{exc.traceback[-2000:]}") from None
         return Verdict.from_json_dict(reply["verdict"])
 
+    def interrupt(self) -> None:
+        worker = self._worker
+        if worker is not None:
+            worker.kill_group()  # its slots' workers die with it; the lane's thread reaps it
+
     def close(self) -> None:
         if self._worker is not None:
             self._worker.close(graceful_s=LANE_EXIT_S)  # its prestarted slots release their leases

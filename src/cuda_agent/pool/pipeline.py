@@ -8,6 +8,8 @@ thread owns one evaluation worker and takes one job at a time from that queue.
 A worker that dies mid-job costs that job one attempt: the job goes back to the front of the queue
 (any lane may take it) and the lane restarts its worker; after ``max_attempts`` the job is answered
 with an error. Every job's future is set exactly once; nothing is dropped, not even on close.
+Closing with ``cancel_pending`` (an interrupted run) also stops the jobs running on lanes at once,
+answered with an error and never retried: a rerun judges them again.
 """
 
 from __future__ import annotations
@@ -175,6 +177,9 @@ class LanePipeline(EvalPool):
         if cancel_pending:
             for entry in self._ready.take_all():
                 self._answer_failed(entry, "the pool closed before this job started", "")
+            for state in self._lanes:
+                if state.current_job is not None:
+                    state.lane.interrupt()
         for _ in self._compile_threads:
             self._inbox.put(None)
         for thread in self._compile_threads:
@@ -226,12 +231,15 @@ class LanePipeline(EvalPool):
                 self._run_on_lane(state, entry)
             finally:
                 self._ready.job_finished()
-            if not state.alive and not self._start_lane(state):
-                return
+            if not state.alive and (self._cancelled or not self._start_lane(state)):
+                break
         state.lane.close()
         state.alive = False
 
     def _run_on_lane(self, state: _LaneState, entry: _Entry) -> None:
+        if self._cancelled:  # taken just as the pool closed with cancel_pending
+            self._answer_failed(entry, "the pool closed before this job started", state.lane.name)
+            return
         entry.attempts += 1
         state.current_job = entry.job.job_id
         started = time.monotonic()
@@ -258,6 +266,10 @@ class LanePipeline(EvalPool):
     def _try_again(self, state: _LaneState, entry: _Entry, what: str, detail: str, started: float) -> None:
         """An attempt that reached no verdict: queue the job again, or after ``max_attempts``
         answer it without a verdict (a harness failure is never the candidate's reward)."""
+        if self._cancelled:  # interrupted by close(cancel_pending=True): not a fault to retry
+            self._answer_failed(entry, "the pool closed during this job (the run was interrupted)", state.lane.name,
+                                started)
+            return
         with self._lock:
             self._counts["retried"] += 1
         logger.warning("lane %s, job %s (attempt %d of %d): %s: %s", state.lane.name, entry.job.job_id,

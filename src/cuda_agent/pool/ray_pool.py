@@ -79,6 +79,13 @@ class RayLane(EvalLane):
             raise JobRejected(f"the evaluation raised {exc}") from None
         return Verdict.from_json_dict(data)
 
+    def interrupt(self) -> None:
+        actor = self._actor
+        if actor is not None:
+            import ray
+
+            ray.kill(actor, no_restart=True)
+
     def close(self) -> None:
         if self._actor is not None:
             import ray
