@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 
 LANE_START_ATTEMPTS = 3
 """Consecutive failures to start a lane's worker after which the lane is retired."""
+NOT_STARTED = "the pool closed before this job started"
+"""The error of a job answered without running because the pool closed first."""
 
 
 @dataclass
@@ -176,7 +178,7 @@ class LanePipeline(EvalPool):
             self._cancelled = cancel_pending
         if cancel_pending:
             for entry in self._ready.take_all():
-                self._answer_failed(entry, "the pool closed before this job started", "")
+                self._answer_failed(entry, NOT_STARTED, "")
             for state in self._lanes:
                 if state.current_job is not None:
                     state.lane.interrupt()
@@ -218,9 +220,9 @@ class LanePipeline(EvalPool):
 
     def _enqueue_built(self, entry: _Entry) -> None:
         if self._cancelled:
-            self._answer_failed(entry, "the pool closed before this job started", "")
+            self._answer_failed(entry, NOT_STARTED, "")
         elif not self._ready.put(entry):  # closed early: every lane retired
-            self._answer_failed(entry, self._retired_error or "the pool closed before this job started", "")
+            self._answer_failed(entry, self._retired_error or NOT_STARTED, "")
 
     # -- evaluation lanes ----------------------------------------------------------------------
     def _lane_loop(self, state: _LaneState) -> None:
@@ -238,7 +240,7 @@ class LanePipeline(EvalPool):
 
     def _run_on_lane(self, state: _LaneState, entry: _Entry) -> None:
         if self._cancelled:  # taken just as the pool closed with cancel_pending
-            self._answer_failed(entry, "the pool closed before this job started", state.lane.name)
+            self._answer_failed(entry, NOT_STARTED, state.lane.name)
             return
         entry.attempts += 1
         state.current_job = entry.job.job_id
