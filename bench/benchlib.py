@@ -174,3 +174,49 @@ def median_phases(phase_seconds: list[dict[str, float | None]]) -> dict[str, flo
     phase), phases in the order they ran: where a typical evaluation's time goes."""
     phases = dict.fromkeys(phase for seconds in phase_seconds for phase in seconds)
     return {phase: median([s[phase] for s in phase_seconds if s.get(phase) is not None]) for phase in phases}
+
+
+def tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget, gpus: str | None,
+                cache_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """``cuda-agent tasks check`` in a subprocess until done or out of budget (it resumes), with
+    ``env`` on top of this process's environment."""
+    started = time.monotonic()
+    command = [sys.executable, "-m", "cuda_agent.cli", "tasks", "check", str(tasks), *extra, "--out", str(out_dir), "--json",
+               *(["--gpus", gpus] if gpus else [])]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, **(env or {}), "CUDA_AGENT_CACHE_DIR": str(cache_dir)}) as run:
+        try:
+            stdout, _ = run.communicate(timeout=max(10, budget.left_s()))
+        except subprocess.TimeoutExpired:
+            run.terminate()  # SIGTERM: it stops its workers, keeping what it stored
+            try:
+                stdout, _ = run.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                stdout, _ = run.communicate()
+    complete = run.returncode in (0, 1) and stdout.strip().startswith("{")
+    report = json.loads(stdout) if complete else stored_selfcheck(out_dir)  # stopped: read what the store holds
+    counts = report["counts"] if report else {}
+    return {"tasks": sum(counts.values()), "correct": counts.get("correct", 0), "task_error": counts.get("task_error", 0),
+            "infra_error": counts.get("infra_error", 0), "counts": counts, "wall_s": time.monotonic() - started,
+            "complete": complete, "returncode": run.returncode, "problems": report["problems"] if report else []}
+
+
+def stored_selfcheck(out_dir: Path) -> dict[str, Any] | None:
+    """The self-check rows and counts a stopped ``tasks check`` left in its results store."""
+    from collections import Counter
+
+    from cuda_agent.evaluate.cli import selfcheck_row
+    from cuda_agent.evaluate.store import STORE_FILE, ResultsStore
+
+    if not (out_dir / STORE_FILE).is_file():
+        return None
+    store = ResultsStore.open_existing(out_dir / STORE_FILE)
+    rows = [selfcheck_row(r) for r in store.records(out_dir.name)]
+    return {"problems": rows, "counts": dict(Counter(r["status"] for r in rows))}
+
+
+def check_medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median verdict and :func:`median_phases` over ``rows`` (tasks check's problems)."""
+    timed = [row["phase_seconds"] for row in rows if row["phase_seconds"].get("total")]
+    return {"median_verdict_s": median([s["total"] for s in timed]), "median_phase_s": median_phases(timed)}

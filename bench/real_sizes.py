@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import EXAMPLES, REPO, Budget, machine_details, make_variant, write_json
+from benchlib import EXAMPLES, REPO, Budget, check_medians, machine_details, make_variant, tasks_check, write_json
 
 from cuda_agent.environment import EvalConfig, Prestarter, evaluate, load_task, slots
 
@@ -261,50 +261,12 @@ def measure_kernelbench(args: argparse.Namespace, result: dict[str, Any], budget
     write_json(result, args.out)
 
 
-def _tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget, gpus: str | None,
-                 cache_dir: Path) -> dict[str, Any]:
-    """``cuda-agent tasks check`` in a subprocess until done or out of budget (it resumes)."""
-    started = time.monotonic()
-    command = [sys.executable, "-m", "cuda_agent.cli", "tasks", "check", str(tasks), *extra, "--out", str(out_dir), "--json",
-               *(["--gpus", gpus] if gpus else [])]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, "CUDA_AGENT_CACHE_DIR": str(cache_dir)}) as run:
-        try:
-            stdout, _ = run.communicate(timeout=max(10, budget.left_s()))
-        except subprocess.TimeoutExpired:
-            run.terminate()  # SIGTERM: it stops its workers, keeping what it stored
-            try:
-                stdout, _ = run.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                run.kill()
-                stdout, _ = run.communicate()
-    complete = run.returncode in (0, 1) and stdout.strip().startswith("{")
-    report = json.loads(stdout) if complete else _stored_report(out_dir)  # stopped: read what the store holds
-    counts = report["counts"] if report else {}
-    return {"tasks": sum(counts.values()), "correct": counts.get("correct", 0), "task_error": counts.get("task_error", 0),
-            "infra_error": counts.get("infra_error", 0), "counts": counts, "wall_s": time.monotonic() - started,
-            "complete": complete, "problems": report["problems"] if report else []}
-
-
-def _stored_report(out_dir: Path) -> dict[str, Any] | None:
-    from collections import Counter
-
-    from cuda_agent.evaluate.cli import selfcheck_row
-    from cuda_agent.evaluate.store import STORE_FILE, ResultsStore
-
-    if not (out_dir / STORE_FILE).is_file():
-        return None
-    store = ResultsStore.open_existing(out_dir / STORE_FILE)
-    rows = [selfcheck_row(r) for r in store.records(out_dir.name)]
-    return {"problems": rows, "counts": dict(Counter(r["status"] for r in rows))}
-
-
 def measure_selfcheck(args: argparse.Namespace, result: dict[str, Any], budget: Budget) -> None:
     section = result.setdefault(args.selfcheck_key, {})
     for level in args.levels:
         if budget.spent():
             break
-        entry = _tasks_check(args.kernelbench, ["--level", str(level)], args.work / f"level{level}", budget, args.gpus,
+        entry = tasks_check(args.kernelbench, ["--level", str(level)], args.work / f"level{level}", budget, args.gpus,
                              args.cache_dir)
         previous = section.get(f"level{level}", {})
         entry["wall_s"] += previous.get("wall_s", 0.0) if not previous.get("complete", True) else 0.0
@@ -329,21 +291,13 @@ def measure_synth(args: argparse.Namespace, result: dict[str, Any], budget: Budg
     for key, folder in (("synth_sample", "synth_check"), ("synth_sample_cached", "synth_cached")):
         if budget.spent():
             break
-        entry = _tasks_check(sample, [], args.work / folder, budget, args.gpus, args.cache_dir)
-        entry.update(_medians(entry["problems"]))
+        entry = tasks_check(sample, [], args.work / folder, budget, args.gpus, args.cache_dir)
+        entry.update(check_medians(entry["problems"]))
         result[key] = entry
         print(f"{key}: {entry['counts']}, median verdict {entry['median_verdict_s']} s", flush=True)
         write_json(result, args.out)
         if not entry["complete"]:
             break  # the cached pass needs every baseline of the first
-
-
-def _medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median verdict and the median of each phase over ``rows`` (tasks check's problems)."""
-    timed = [row["phase_seconds"] for row in rows if row["phase_seconds"].get("total")]
-    phases = sorted({name for seconds in timed for name in seconds})
-    return {"median_verdict_s": statistics.median(s["total"] for s in timed) if timed else None,
-            "median_phase_s": {name: statistics.median(s.get(name, 0.0) for s in timed) for name in phases}}
 
 
 PARTS = {"sizes": measure_sizes, "kernelbench": measure_kernelbench, "selfcheck": measure_selfcheck,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,8 @@ import pytest
 
 from cuda_agent.environment import Status, load_task
 from cuda_agent.pool import EvalJob, JobStatus, PoolConfig, PoolConfigError, SolutionFiles, open_pool
+from cuda_agent.pool.local import _lane_slots
+from cuda_agent.pool.pipeline import NOT_STARTED
 
 from support import SMALL_RELU_TASK, child_pids
 
@@ -102,13 +105,56 @@ def test_closing_with_cancel_answers_jobs_not_yet_started(make_config, tmp_path:
     assert child_pids() == []
 
 
+def test_cancelling_while_a_lane_runs_and_builds_wait_for_room_closes_at_once(make_config, fault_solution,
+                                                                              tmp_path: Path) -> None:
+    """The interrupted lane stops taking jobs while compile threads wait for room in the full
+    ready queue (2 places, 12 jobs): they must give their jobs up, not wait forever (an interrupted
+    ``tasks check`` of 40 tasks on one GPU once hung here until SIGKILL)."""
+    task = load_task(SMALL_RELU_TASK)
+    honest = SolutionFiles.from_path(fault_solution("relu_ok"))
+    pool = open_pool(make_config(), PoolConfig(workers=1, compile_workers=4, queue_size=2,
+                                               staging_dir=tmp_path / "staged"))
+    futures = [pool.submit(EvalJob("honest-0", task, honest))]
+    deadline = time.monotonic() + 300
+    while pool.stats().lanes[0].current_job != "honest-0":
+        assert time.monotonic() < deadline, pool.stats()
+        time.sleep(0.02)
+    futures += [pool.submit(EvalJob(f"guarded-{i}", task, _guarded(i))) for i in range(11)]
+    while pool.stats().waiting < 2:  # guarded jobs need no build: the queue fills at once
+        assert pool.stats().lanes[0].current_job == "honest-0", pool.stats()
+        time.sleep(0.02)
+    time.sleep(0.5)  # the other compile threads wait for room
+    closing = threading.Thread(target=pool.close, kwargs={"cancel_pending": True}, daemon=True)
+    started = time.monotonic()
+    closing.start()
+    closing.join(timeout=60)
+    assert not closing.is_alive(), "close(cancel_pending=True) waited on compile threads stuck on a full queue"
+    assert time.monotonic() - started < 30
+    results = [f.result(timeout=5) for f in futures]
+    assert all(r.status is JobStatus.FAILED for r in results)
+    assert "interrupted" in results[0].error and all(NOT_STARTED in r.error for r in results[1:])
+    assert child_pids() == []
+
+
 def test_cuda_pool_needs_a_visible_gpu_and_at_most_one_worker_per_gpu(make_config, monkeypatch) -> None:
     config = make_config(device="cuda")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(PoolConfigError, match="no GPU is visible"):
         open_pool(config, PoolConfig())
-    with pytest.raises(PoolConfigError, match="one worker per GPU"):
+    with pytest.raises(PoolConfigError, match="at most lanes_per_gpu workers per GPU"):
         open_pool(config, PoolConfig(gpus=("0", "1"), workers=3))
+
+
+def test_lanes_per_gpu_gives_each_gpu_that_many_lanes_taken_in_turn(make_config) -> None:
+    config = make_config(device="cuda")
+    assert _lane_slots(config, PoolConfig(gpus=("0", "1"), lanes_per_gpu=2)) == [
+        ("cuda:0", "0"), ("cuda:1", "1"), ("cuda:0.1", "0"), ("cuda:1.1", "1")]
+    assert _lane_slots(config, PoolConfig(gpus=("0", "1"), lanes_per_gpu=2, workers=3)) == [
+        ("cuda:0", "0"), ("cuda:1", "1"), ("cuda:0.1", "0")]
+    with pytest.raises(PoolConfigError, match="pool.workers is 5 .* with pool.lanes_per_gpu 2"):
+        _lane_slots(config, PoolConfig(gpus=("0", "1"), lanes_per_gpu=2, workers=5))
+    with pytest.raises(PoolConfigError, match="pool.lanes_per_gpu is for device 'cuda'"):
+        _lane_slots(make_config(), PoolConfig(lanes_per_gpu=2))
 
 
 def test_pool_config_names_the_bad_field() -> None:
@@ -116,3 +162,7 @@ def test_pool_config_names_the_bad_field() -> None:
         PoolConfig(backend="slurm")
     with pytest.raises(PoolConfigError, match="pool.address"):
         PoolConfig(backend="service")
+    with pytest.raises(PoolConfigError, match="pool.lanes_per_gpu must be >= 1, got 0"):
+        PoolConfig(lanes_per_gpu=0)
+    with pytest.raises(PoolConfigError, match="pool.lanes_per_gpu is for backend 'local'"):
+        PoolConfig(backend="ray", lanes_per_gpu=2)

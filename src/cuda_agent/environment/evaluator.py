@@ -27,6 +27,7 @@ from cuda_agent.environment.baselines import BaselineCache, provenance_note
 from cuda_agent.environment.build import BuiltSolution, CompileError, build_solution, require_buildable_for
 from cuda_agent.environment.config import EvalConfig, TimingConfig
 from cuda_agent.environment.device_clock import sm_clock_mhz
+from cuda_agent.environment.device_share import DeviceShare
 from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.environment.precision import POLICIES
 from cuda_agent.environment.presets import reward_baseline_setting, timing_method_key
@@ -61,22 +62,24 @@ class _Stop(Exception):
 
 
 def evaluate(task: Task, solution_path: str | Path, config: EvalConfig | None = None, profile: bool = True,
-             prestarted: Prestarter | None = None) -> Verdict:
+             prestarted: Prestarter | None = None, share: DeviceShare | None = None) -> Verdict:
     """Evaluate one candidate on one task and return the trusted verdict (never raises for
     anything the candidate or the task does).
 
     ``profile=False`` stops after the correctness trials (no baselines, no timing): a quick check
     for an agent iterating on correctness. Its reward is at most 1, and a note says it was not timed.
     ``prestarted``: take the workers from there (started and warmed ahead, see
-    :class:`slots.Prestarter`) instead of starting them now.
+    :class:`slots.Prestarter`) instead of starting them now. ``share``: the GPU is shared with
+    other evaluations running at once (see :mod:`device_share`); the caller then holds no lock
+    around this call, the evaluation holds the GPU for its device work only.
     """
     config = config or EvalConfig()
-    return _Evaluation(task, Path(solution_path), config, profile, prestarted).run()
+    return _Evaluation(task, Path(solution_path), config, profile, prestarted, share).run()
 
 
 class _Evaluation:
     def __init__(self, task: Task, solution_path: Path, config: EvalConfig, profile: bool,
-                 prestarted: Prestarter | None) -> None:
+                 prestarted: Prestarter | None, share: DeviceShare | None) -> None:
         self.task = task
         self.solution_path = solution_path
         self.config = config
@@ -91,6 +94,9 @@ class _Evaluation:
             reward_drift=drift_for(config.reward, config.device),
         )
         self.prestarted = prestarted
+        self.share = share
+        self._device_wait_s = 0.0
+        """Seconds spent waiting for a shared GPU (other evaluations' device work)."""
         self.slot: WorkerSlot | None = None
         self.plan: MemoryPlan | None = None
         self._phase_name, self._phase_started = "guards", time.monotonic()
@@ -109,9 +115,13 @@ class _Evaluation:
         finally:
             self._begin("teardown")
             if self.slot is not None:
-                self._record_memory()
-                self.slot.close()
+                with self._on_device():  # ending its workers' contexts is device work too
+                    self._record_memory()
+                    self.slot.close()
             self.verdict.phase_seconds["total"] = self._begin("") - started  # the same clock reads as the phases
+            if self.share is not None:
+                self.verdict.environment["device_shared"] = (
+                    f"{self.share.evaluations} evaluations at once; {self._device_wait_s:.2f} s waiting for the GPU")
         if self.prestarted is not None and self.profile:
             self.prestarted.note_verdict(self.verdict)
         self.verdict.correct = self.verdict.status is Status.CORRECT
@@ -131,18 +141,24 @@ class _Evaluation:
             self._begin("workers")
             self._take_slot()  # a cold start's interpreters start while the build runs
             self._begin("prepare")
-            self._lay_out(solution)
-            self._load_reference()
-            batches = self._resize_batches(batches)
-            self.verdict.environment["sandbox"] = self.slot.lease.describe()
-            # While the build runs, when all trials are made at once (small problems); a larger
-            # problem's first trial would still be resident while its baselines are timed.
-            first = None if build.done() or len(batches) > 1 else self._prepare_trials(batches[0])
+            with self._on_device():
+                self._lay_out(solution)
+                self._load_reference()
+                batches = self._resize_batches(batches)
+                self.verdict.environment["sandbox"] = self.slot.lease.describe()
+                # While the build runs, when all trials are made at once (small problems); a larger
+                # problem's first trial would still be resident while its baselines are timed.
+                first = None if build.done() or len(batches) > 1 else self._prepare_trials(batches[0])
             self._begin("build_wait")
             built = self._finish_build(build)
         self._begin("baselines")
-        with self._quiet_device():
-            baselines = self._baselines() if self.profile else {}  # before any candidate code runs
+        baselines = self._baselines() if self.profile else {}  # before any candidate code runs
+        with self._on_device():
+            self._judge_and_time(built, batches, first, baselines)
+
+    def _judge_and_time(self, built: BuiltSolution, batches: list[list[tuple[int, str]]],
+                        first: list[tuple[int, str, Any]] | None, baselines: dict[str, TimingStats]) -> None:
+        """The candidate's phases: load it, verify every trial, time it, verify once more."""
         self._begin("load")
         with ThreadPoolExecutor(max_workers=1) as pool:
             # The reference makes the first input sets while the candidate loads; this thread keeps
@@ -165,8 +181,22 @@ class _Evaluation:
             self._verify(self._prepare_trials([(len(sum(batches, [])), "post_timing")]))
 
     def _quiet_device(self) -> contextlib.AbstractContextManager:
-        """While timing: no prestarted slot initialises its device context."""
-        return self.prestarted.quiet_device() if self.prestarted is not None else contextlib.nullcontext()
+        """While timing: no prestarted slot initialises its device context (on a shared GPU, the
+        slots initialise theirs holding the GPU, which the timing evaluation holds already)."""
+        if self.prestarted is None or self.share is not None:
+            return contextlib.nullcontext()
+        return self.prestarted.quiet_device()
+
+    @contextlib.contextmanager
+    def _on_device(self) -> Iterator[None]:
+        """Device work: on a shared GPU, held against every other evaluation's device work."""
+        if self.share is None:
+            yield
+            return
+        waiting = time.monotonic()
+        with self.share.hold():
+            self._device_wait_s += time.monotonic() - waiting
+            yield
 
     def _begin(self, name: str) -> float:
         """End the running phase (its seconds go to ``phase_seconds``) and start ``name`` now (returned)."""
@@ -255,6 +285,8 @@ class _Evaluation:
             self.verdict.notes.append(f"size: {size.note}")
         on_device = self.config.device == "cuda"
         budget = room.get("device_free_bytes", 0) if on_device else self._reference_budget_mb() * 2**20
+        if on_device and self.share is not None:
+            budget = min(budget, self.share.memory_share(room.get("device_total_bytes", 0)))
         verify = self.config.verify
         trials = verify.trials + (2 if verify.perturbed_trials else 0)
         plan = memory_plan(size, trials, self.policy.needs_float64, self.policy.needs_tf32_reference and on_device,
@@ -350,14 +382,18 @@ class _Evaluation:
         missing = [v for v in variants if v not in cached]
         fresh: dict[str, TimingStats] = {}
         if missing:
-            reply = self._ask_reference("baselines", {
-                "variants": missing, "seed": self.config.verify.init_seed, "timing": dataclasses.asdict(timing),
-                "timed_cpus": self._timed_cpus,
-            })
-            self._note_clock("baselines")
+            request = {"variants": missing, "seed": self.config.verify.init_seed, "timing": dataclasses.asdict(timing),
+                       "timed_cpus": self._timed_cpus}
+            ahead = {}
+            if self.share is not None and any(v.startswith("compile_") for v in missing):
+                # code generation is host work: another evaluation may use the GPU meanwhile
+                ahead = {"compile_unheld": self._ask_reference("compile", request)["seconds"]}
+            with self._on_device(), self._quiet_device():
+                reply = self._ask_reference("baselines", request)
+                self._note_clock("baselines")
             self._note_unpinned(reply, "the reference worker (baselines)")
             fresh = {v: TimingStats.from_dict(s) for v, s in reply["stats"].items()}
-            self.verdict.baseline_seconds = reply["seconds"]
+            self.verdict.baseline_seconds = {**ahead, **reply["seconds"]}
             cache.put(*key, fresh, timing, self.task.id)
         stats = {v: cached[v].stats if v in cached else fresh[v] for v in variants}
         self.verdict.baselines = stats

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from cuda_agent.environment import sandbox
 from cuda_agent.environment.config import EvalConfig
+from cuda_agent.environment.device_share import DeviceShare
 from cuda_agent.environment.import_ahead import MAX_MODULES, modules_imported
 from cuda_agent.environment.timed_cpus import split_for
 from cuda_agent.environment.worker import WorkerProcess, child_env
@@ -113,7 +114,8 @@ class WorkerSlot:
             assert worker is not None
             worker.send({"op": "warm", "device": device, "imports": list(imports)}, background=True)
 
-    def warm(self, timeout_s: float, device_gate: threading.Lock | None = None, compile_mode: str | None = None) -> None:
+    def warm(self, timeout_s: float, device_gate: contextlib.AbstractContextManager | None = None,
+             compile_mode: str | None = None) -> None:
         """Wait until both workers have imported what they need and initialised the device (before
         any task or candidate exists), so the evaluation that takes this slot does not wait for it.
         A slot started without ``warm_device`` initialises the device now, holding ``device_gate``
@@ -182,10 +184,13 @@ class Prestarter:
     (``bench/results/keep_warm_cpu.json``).
     """
 
-    def __init__(self, config: EvalConfig, count: int = 1, warm_timeout_s: float = 300.0) -> None:
+    def __init__(self, config: EvalConfig, count: int = 1, warm_timeout_s: float = 300.0,
+                 share: DeviceShare | None = None) -> None:
+        """``share``: the GPU is shared with evaluations of other processes (see
+        :mod:`~cuda_agent.environment.device_share`): slots initialise their device holding it."""
         if count < 1:
             raise ValueError(f"Prestarter count must be >= 1, got {count}")
-        self.config, self.count, self.warm_timeout_s = config, count, warm_timeout_s
+        self.config, self.count, self.warm_timeout_s, self.share = config, count, warm_timeout_s, share
         self._ready: queue.Queue[WorkerSlot | None] = queue.Queue()
         self._wanted = threading.Semaphore(count)
         self._closed = threading.Event()
@@ -271,7 +276,7 @@ class Prestarter:
     def _warm(self, slot: WorkerSlot) -> None:
         warm: WorkerSlot | None = slot
         try:
-            slot.warm(self.warm_timeout_s, self._device_gate,
+            slot.warm(self.warm_timeout_s, self._device_gate if self.share is None else self.share.hold(),
                       self.config.timing.compile_mode if self.compile_ahead else None)
         except Exception:  # noqa: BLE001 - as above
             if not self._closed.is_set():

@@ -35,11 +35,15 @@ from cuda_agent.pool import BACKENDS, PoolConfig, PoolConfigError
 EXIT_INCOMPLETE = 1
 
 
+LANES_PER_GPU_HELP = ("Evaluations at once on each GPU (local backend): above 1 they overlap their host work and "
+                      "take turns on the GPU for their device work; for problems far smaller than the GPU.")
+
+
 def _pool_config(backend: str, address: Optional[str], token: Optional[str], workers: int, gpus: Optional[str],
-                 compile_workers: int) -> PoolConfig:
+                 compile_workers: int, lanes_per_gpu: int) -> PoolConfig:
     try:
         return PoolConfig(backend=backend, address=address, token=token, workers=workers, compile_workers=compile_workers,
-                          gpus=tuple(g.strip() for g in gpus.split(",")) if gpus else ())
+                          gpus=tuple(g.strip() for g in gpus.split(",")) if gpus else (), lanes_per_gpu=lanes_per_gpu)
     except PoolConfigError as exc:
         fail_usage(str(exc))
 
@@ -75,6 +79,7 @@ def eval_command(
     token: Optional[str] = typer.Option(None, envvar="CUDA_AGENT_SERVE_TOKEN", help="Bearer token (service)."),
     workers: int = typer.Option(0, help="Evaluation workers (0: one per GPU; 1 on cpu)."),
     gpus: Optional[str] = typer.Option(None, help="GPUs to use, e.g. 0,1 (default: all visible)."),
+    lanes_per_gpu: int = typer.Option(1, help=LANES_PER_GPU_HELP),
     compile_workers: int = typer.Option(0, help="Concurrent builds ahead of evaluation (0: one per CPU core)."),
 ) -> None:
     """Evaluate a folder of solutions (or a policy) on a task set: pass rate, faster rates and
@@ -84,7 +89,7 @@ def eval_command(
     them), 2 on bad usage.
     """
     eval_config = build_eval_config(device, config, precision, compile_baseline=compile_baseline, preset=preset)
-    pool_config = _pool_config(backend, address, token, workers, gpus, compile_workers)
+    pool_config = _pool_config(backend, address, token, workers, gpus, compile_workers, lanes_per_gpu)
     if pool_config.backend == "local":
         require_local_device(eval_config)
     if (solutions is None) == (policy is None):
@@ -157,6 +162,7 @@ def tasks_check_command(
     config: Optional[Path] = typer.Option(None, help="YAML config with sections build, verify, timing, limits."),
     workers: int = typer.Option(0, help="Evaluation workers (0: one per GPU; 1 on cpu)."),
     gpus: Optional[str] = typer.Option(None, help="GPUs to use, e.g. 0,1 (default: all visible)."),
+    lanes_per_gpu: int = typer.Option(1, help=LANES_PER_GPU_HELP),
 ) -> None:
     """The harness's self-check: every problem's reference judged as its own candidate, through the
     same workers, trials and timing as any solution (guards off, since the reference is PyTorch).
@@ -169,7 +175,7 @@ def tasks_check_command(
     """
     eval_config = selfcheck_config(build_eval_config(device, config, None))
     require_local_device(eval_config)
-    pool_config = _pool_config("local", None, None, workers, gpus, 0)
+    pool_config = _pool_config("local", None, None, workers, gpus, 0, lanes_per_gpu)
     run_dir = out or Path("runs") / f"check-{tasks.resolve().name}"
     spec = RunSpec(run_dir, tasks, tuple(sorted(set(level or ()))), eval_config, pool_config, selfcheck=True)
     started = time.monotonic()
@@ -197,7 +203,7 @@ def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
             "baseline_ms": {name: stats["median_ms"] for name, stats in baselines.items()},
             "baseline_sources": verdict.get("baseline_sources") or {},
             "baseline_seconds": verdict.get("baseline_seconds") or {},
-            "phase_seconds": verdict.get("phase_seconds") or {}}
+            "phase_seconds": verdict.get("phase_seconds") or {}, "finished_at": record.finished_at}
 
 
 def _gb(nbytes: Optional[int]) -> Optional[float]:

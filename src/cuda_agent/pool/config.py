@@ -25,8 +25,13 @@ class PoolConfig:
     """``service``: the bearer token the service expects."""
     workers: int = 0
     """Evaluation workers. 0: one per visible GPU on ``cuda`` (all GPUs of the host, or of the Ray
-    cluster), 1 on ``cpu`` (CPU timings of concurrent evaluations would disturb each other);
-    ``service``: requests in flight (0: 64)."""
+    cluster; ``lanes_per_gpu`` per GPU with ``local``), 1 on ``cpu`` (CPU timings of concurrent
+    evaluations would disturb each other); ``service``: requests in flight (0: 64)."""
+    lanes_per_gpu: int = 1
+    """``local`` on ``cuda``: evaluations running at once on each GPU. Above 1 they overlap their
+    host work (starting workers, importing the task, compiling) and take turns for their device
+    work, each holding the GPU for it (``environment/device_share.py``), and each plans its memory
+    within 1/``lanes_per_gpu`` of the GPU: for streams of problems far smaller than the GPU."""
     gpus: tuple[str, ...] = ()
     """``local`` on ``cuda``: the GPUs to use, as ``CUDA_VISIBLE_DEVICES`` entries (indices or
     UUIDs); empty: every GPU this process can see."""
@@ -49,6 +54,9 @@ class PoolConfig:
         checks = [
             (self.backend in BACKENDS, f"pool.backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}"),
             (self.workers >= 0, f"pool.workers must be >= 0, got {self.workers}"),
+            (self.lanes_per_gpu >= 1, f"pool.lanes_per_gpu must be >= 1, got {self.lanes_per_gpu}"),
+            (self.lanes_per_gpu == 1 or self.backend == "local",
+             f"pool.lanes_per_gpu is for backend 'local' (got {self.lanes_per_gpu} with {self.backend!r})"),
             (self.compile_workers >= 0, f"pool.compile_workers must be >= 0, got {self.compile_workers}"),
             (self.queue_size >= 0, f"pool.queue_size must be >= 0, got {self.queue_size}"),
             (self.max_attempts >= 1, f"pool.max_attempts must be >= 1, got {self.max_attempts}"),

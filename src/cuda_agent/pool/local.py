@@ -3,7 +3,8 @@ fed by compile threads in this process.
 
 Each GPU lane's worker sees exactly one GPU (``CUDA_VISIBLE_DEVICES`` set to that GPU's entry) and
 runs one evaluation at a time under a per-GPU lock, so timings on a GPU never overlap, not even
-with another pool on the same host. A lane's evaluations keep their temporary files in the lane's
+with another pool on the same host. With ``lanes_per_gpu`` above 1 a GPU has that many lanes,
+whose evaluations hold the lock for their device work only (``environment/device_share.py``). A lane's evaluations keep their temporary files in the lane's
 own scratch folder, which is emptied whenever its worker is restarted.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 import shutil
 from pathlib import Path
 from typing import Any
@@ -54,13 +56,14 @@ class ProcessLane(EvalLane):
         gpu: the ``CUDA_VISIBLE_DEVICES`` entry the worker gets, or None (CPU lane).
         job_timeout_s: a worker silent this long on one job is killed.
         timed_cpu: the worker's ``CUDA_AGENT_TIMED_CPU`` (None: this process's).
+        lanes_on_gpu: lanes of the pool sharing this lane's GPU.
     """
 
     def __init__(self, name: str, config: EvalConfig, staging_dir: Path, scratch_root: Path,
-                 gpu: str | None, job_timeout_s: float, timed_cpu: str | None = None) -> None:
+                 gpu: str | None, job_timeout_s: float, timed_cpu: str | None = None, lanes_on_gpu: int = 1) -> None:
         self.name = name
         self.config, self.staging_dir, self.gpu, self.job_timeout_s = config, staging_dir, gpu, job_timeout_s
-        self.timed_cpu = timed_cpu
+        self.timed_cpu, self.lanes_on_gpu = timed_cpu, lanes_on_gpu
         slug = name.replace(":", "-")
         self.scratch = scratch_root / slug
         self.log_path = scratch_root / f"{slug}.log"
@@ -76,7 +79,8 @@ class ProcessLane(EvalLane):
         try:
             worker.request({"op": "setup", "config": self.config.replace(scratch_dir=self.scratch / "evals").to_dict(),
                             "staging_dir": str(self.staging_dir),
-                            "device_lock": None if self.gpu is None else f"gpu-{self.gpu}"}, SETUP_TIMEOUT_S)
+                            "device_lock": None if self.gpu is None else f"gpu-{self.gpu}",
+                            "lanes_on_gpu": self.lanes_on_gpu}, SETUP_TIMEOUT_S)
         except (WorkerError, RemoteError) as exc:
             raise RuntimeError(f"worker setup failed: {exc}\n{worker.log_tail(2000)}") from None
 
@@ -118,7 +122,9 @@ class LocalPool(LanePipeline):
             logger.info("removed %s, left behind by a process that was killed", orphan)
         self.scratch_root = make_owned_dir("pool", root)
         settings = _lane_timed_cpus(config, len(slots))
-        lanes = [ProcessLane(name, config, staging_dir, self.scratch_root, gpu, pool_config.job_timeout_s, setting)
+        sharing = Counter(gpu for _, gpu in slots)
+        lanes = [ProcessLane(name, config, staging_dir, self.scratch_root, gpu, pool_config.job_timeout_s, setting,
+                             sharing[gpu] if gpu is not None else 1)
                  for (name, gpu), setting in zip(slots, settings)]
         # The builds this process starts keep every lane's CPU free (the first lane's list holds them all).
         self._lane_cpus_set = len(slots) > 1 and settings[0] is not None
@@ -156,14 +162,20 @@ def _lane_timed_cpus(config: EvalConfig, lanes: int) -> list[str | None]:
 
 
 def _lane_slots(config: EvalConfig, pool_config: PoolConfig) -> list[tuple[str, str | None]]:
-    """``(lane name, GPU entry or None)`` for each lane."""
+    """``(lane name, GPU entry or None)`` for each lane: ``cuda:<gpu>`` for a GPU's first lane,
+    ``cuda:<gpu>.<k>`` for its others, the GPUs taken in turn."""
     if config.device == "cpu":
+        if pool_config.lanes_per_gpu > 1:
+            raise PoolConfigError("pool.lanes_per_gpu is for device 'cuda'; on the CPU backend set pool.workers")
         return [(f"cpu:{i}", None) for i in range(pool_config.workers or 1)]
     gpus = list(pool_config.gpus) or visible_gpus()
     if not gpus:
         raise PoolConfigError("device is 'cuda' but no GPU is visible (check CUDA_VISIBLE_DEVICES and the driver)")
-    workers = pool_config.workers or len(gpus)
-    if workers > len(gpus):
-        raise PoolConfigError(f"pool.workers is {workers} but only {len(gpus)} GPUs are available ({', '.join(gpus)}): "
-                              "one worker per GPU, so that timings never overlap")
-    return [(f"cuda:{gpu}", gpu) for gpu in gpus[:workers]]
+    per_gpu = pool_config.lanes_per_gpu
+    workers = pool_config.workers or per_gpu * len(gpus)
+    if workers > per_gpu * len(gpus):
+        raise PoolConfigError(f"pool.workers is {workers} but only {len(gpus)} GPUs are available ({', '.join(gpus)}) "
+                              f"with pool.lanes_per_gpu {per_gpu}: at most lanes_per_gpu workers per GPU, so that "
+                              "timings never overlap")
+    slots = [(f"cuda:{gpu}" + (f".{k}" if k else ""), gpu) for k in range(per_gpu) for gpu in gpus]
+    return slots[:workers]

@@ -177,6 +177,9 @@ class LanePipeline(EvalPool):
             self._accepting = False
             self._cancelled = cancel_pending
         if cancel_pending:
+            # Closed first: compile threads waiting for room in it (a lane interrupted below stops
+            # taking jobs) get their jobs back, answered as not started, instead of waiting forever.
+            self._ready.close()
             for entry in self._ready.take_all():
                 self._answer_failed(entry, NOT_STARTED, "")
             for state in self._lanes:

@@ -2,7 +2,8 @@
 
 One long-lived process per GPU (``CUDA_VISIBLE_DEVICES`` set by the parent) or CPU lane. It speaks
 the environment's worker protocol (:mod:`cuda_agent.environment.worker`) with two requests:
-``setup`` (the evaluation config, the staging folder, the device lock) and ``evaluate`` (one job,
+``setup`` (the evaluation config, the staging folder, the device lock and how many lanes share
+the GPU) and ``evaluate`` (one job,
 answered with its verdict's JSON). It never imports task or candidate code itself.
 """
 
@@ -23,7 +24,7 @@ class _Handlers:
 
     def setup(self, message: dict[str, Any]) -> dict[str, Any]:
         self.work = PoolWork(EvalConfig.from_dict(message["config"]), Path(message["staging_dir"]),
-                             message.get("device_lock"))
+                             message.get("device_lock"), lanes_on_gpu=message.get("lanes_on_gpu", 1))
         return {}
 
     def evaluate(self, message: dict[str, Any]) -> dict[str, Any]:

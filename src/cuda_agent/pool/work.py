@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cuda_agent.environment import EvalConfig, Prestarter, SolutionError, Verdict, evaluate, load_solution
 from cuda_agent.environment.build import CompileError, build_solution
+from cuda_agent.environment.device_share import DeviceShare
 from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.environment.slots import default_prestart_slots
 from cuda_agent.pool.jobs import EvalJob
@@ -35,15 +36,24 @@ class PoolWork:
             the CPU backend (CPU lanes are as many as the user asked for).
         prestart_slots: worker slots kept started and warm ahead of the evaluations (see
             :class:`~cuda_agent.environment.Prestarter`), made on the first evaluation; 0: none;
-            None: :func:`~cuda_agent.environment.slots.default_prestart_slots`.
+            None: :func:`~cuda_agent.environment.slots.default_prestart_slots`, divided among the
+            lanes of a shared GPU.
+        lanes_on_gpu: evaluation lanes (processes) sharing this GPU. Above 1 the lock is held only
+            for each evaluation's device work (:mod:`~cuda_agent.environment.device_share`).
     """
 
     def __init__(self, config: EvalConfig, staging_dir: Path, device_lock: str | None = None,
-                 prestart_slots: int | None = None) -> None:
+                 prestart_slots: int | None = None, lanes_on_gpu: int = 1) -> None:
         self.config = config
         self.staging_dir = staging_dir
         self.device_lock = device_lock
-        self.prestart_slots = prestart_slots if prestart_slots is not None else default_prestart_slots(config.device)
+        self.share: DeviceShare | None = None
+        if device_lock is not None and lanes_on_gpu > 1:
+            from cuda_agent.synth.device_lock import measuring
+
+            self.share = DeviceShare(hold=lambda: measuring(device_lock), evaluations=lanes_on_gpu)
+        default_slots = -(-default_prestart_slots(config.device) // lanes_on_gpu)
+        self.prestart_slots = prestart_slots if prestart_slots is not None else default_slots
         self._prestarter: Prestarter | None = None
 
     def build(self, job: EvalJob) -> None:
@@ -65,14 +75,14 @@ class PoolWork:
         """The verdict of ``job`` (a cache hit for what :meth:`build` built)."""
         path = job.solution.stage(self.staging_dir)
         lock = contextlib.nullcontext()
-        if self.device_lock is not None:
+        if self.device_lock is not None and self.share is None:
             from cuda_agent.synth.device_lock import measuring
 
             lock = measuring(self.device_lock)
         if self.prestart_slots and self._prestarter is None:
-            self._prestarter = Prestarter(self.config, self.prestart_slots)
+            self._prestarter = Prestarter(self.config, self.prestart_slots, share=self.share)
         with lock:
-            return evaluate(job.task, path, self.config, prestarted=self._prestarter)
+            return evaluate(job.task, path, self.config, prestarted=self._prestarter, share=self.share)
 
     def close(self) -> None:
         """Destroy the prestarted slots nobody took."""

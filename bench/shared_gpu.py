@@ -1,0 +1,117 @@
+"""Evaluations sharing a GPU: ``tasks check`` over the same tasks with 1, 2, 3 ... lanes per GPU,
+side by side in one run: tasks judged per minute, the ratio to one lane, and whether the times
+measured agree (each lane count's baselines against one lane's, task by task).
+
+A self-check of synthesised tasks (inputs ~0.3 GB, eager 1-100 ms) spends most of each verdict on
+the host (workers, imports, ``torch.compile``'s code generation); lanes sharing a GPU overlap that
+and take turns for the device work (``environment/device_share.py``). Each lane count runs with
+cache folders of its own (ours, and ``TMPDIR`` and ``TRITON_CACHE_DIR``, which hold inductor's and
+Triton's), so every pass times every baseline and compiles every task as if new to the machine.
+A short pass over ``--warmup`` other tasks first loads the libraries from disk, which would
+otherwise slow only the first pass.
+
+    python bench/shared_gpu.py --tasks data/ops-1k-h200/tasks.parquet --n 80 --lanes 1 2 \\
+        --pass-s 240 --out bench/results/shared_gpu_h200.json
+
+Each pass is stopped (SIGTERM) after ``--pass-s`` seconds; a pass need not judge every task.
+Keys: ``runs.lanes<k>`` = the tasks-check summary (``tasks_per_min``: tasks judged over the pass's
+wall time, start-up included; ``steady_tasks_per_min``: between the first and the last verdict to
+finish; ``median_verdict_s``, ``median_phase_s``, counts); ``speedup.lanes<k>``: both rates over
+one lane's; ``agreement.lanes<k>``: per baseline variant, the median and 90th percentile of
+``|ms_k / ms_1 - 1|`` over the tasks both judged correct.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+from pathlib import Path
+from typing import Any
+
+from benchlib import Budget, check_medians, machine_details, tasks_check, write_json
+
+from cuda_agent.environment import load_tasks
+
+
+def _sample(tasks: Path, n: int, folder: Path, seed: int = 0, avoid: set[str] | None = None) -> Path:
+    """``n`` tasks of the dataset (none of ``avoid``'s file names), picked with ``seed``, as files
+    in ``folder``."""
+    if not folder.is_dir():
+        loaded = [r.task for r in load_tasks(tasks) if r.task is not None and f"{r.task.id}.py" not in (avoid or set())]
+        folder.mkdir(parents=True)
+        for task in random.Random(seed).sample(loaded, min(n, len(loaded))):
+            (folder / f"{task.id}.py").write_text(task.code)
+    return folder
+
+
+def _fresh_caches(run: Path) -> dict[str, str]:
+    """Environment that gives a pass inductor and Triton caches of its own, inside its run folder."""
+    (run / "tmp").mkdir(parents=True, exist_ok=True)
+    return {"TMPDIR": str(run / "tmp"), "TRITON_CACHE_DIR": str(run / "triton")}
+
+
+def _rates(entry: dict[str, Any]) -> dict[str, float | None]:
+    """Tasks judged a minute over the pass's wall time, and between its first and last verdicts."""
+    finished = sorted(r["finished_at"] for r in entry["problems"] if r["phase_seconds"].get("total"))
+    steady = 60 * (len(finished) - 1) / (finished[-1] - finished[0]) if len(finished) >= 3 else None
+    return {"tasks_per_min": 60 * len(finished) / entry["wall_s"] if entry["wall_s"] else None,
+            "steady_tasks_per_min": steady}
+
+
+def _agreement(rows: list[dict[str, Any]], reference: list[dict[str, Any]]) -> dict[str, Any]:
+    """How far each baseline's median time moves from the one-lane run's, task by task."""
+    one = {r["task"]: r["baseline_ms"] for r in reference if r["status"] == "correct"}
+    moved: dict[str, list[float]] = {}
+    for row in rows:
+        if row["status"] != "correct" or row["task"] not in one:
+            continue
+        for variant, ms in row["baseline_ms"].items():
+            if one[row["task"]].get(variant):
+                moved.setdefault(variant, []).append(abs(ms / one[row["task"]][variant] - 1))
+    return {variant: {"tasks": len(values), "median_rel_diff": statistics.median(values),
+                      "p90_rel_diff": sorted(values)[int(0.9 * (len(values) - 1))]}
+            for variant, values in sorted(moved.items())}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=Path, required=True, help="a .parquet/.jsonl dataset or a folder of tasks")
+    parser.add_argument("--n", type=int, default=60, help="tasks sampled from --tasks (fixed seed)")
+    parser.add_argument("--lanes", nargs="+", type=int, default=[1, 2, 3], help="lanes per GPU to compare (1 first)")
+    parser.add_argument("--warmup", type=int, default=3, help="tasks of the warm-up pass (0: none)")
+    parser.add_argument("--gpus", default=None, help="GPUs to use, e.g. 0 (default: all visible)")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/shared-gpu"))
+    parser.add_argument("--pass-s", type=float, default=240, help="seconds each lane count runs for")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if args.lanes[0] != 1:
+        parser.error("--lanes must start with 1: the other lane counts are compared with it")
+    sample = _sample(args.tasks, args.n, args.work / "sample")
+    result: dict[str, Any] = {"machine": machine_details(), "tasks": str(args.tasks), "n": args.n, "runs": {},
+                              "speedup": {}, "agreement": {}}
+    if args.warmup:
+        warmup = _sample(args.tasks, args.warmup, args.work / "warmup_sample", 1, {p.name for p in sample.iterdir()})
+        result["warmup"] = tasks_check(warmup, [], args.work / "warmup", Budget(args.pass_s), args.gpus,
+                                       args.work / "cache_warmup",
+                                       _fresh_caches(args.work / "warmup"))["counts"]
+    for lanes in args.lanes:
+        entry = tasks_check(sample, ["--lanes-per-gpu", str(lanes)], args.work / f"lanes{lanes}", Budget(args.pass_s),
+                            args.gpus, args.work / f"cache{lanes}", _fresh_caches(args.work / f"lanes{lanes}"))
+        entry.update(_rates(entry), **check_medians(entry["problems"]))
+        result["runs"][f"lanes{lanes}"] = entry
+        one = result["runs"]["lanes1"]
+        if lanes != 1:
+            result["speedup"][f"lanes{lanes}"] = {
+                rate: entry[rate] / one[rate] if entry[rate] and one[rate] else None
+                for rate in ("tasks_per_min", "steady_tasks_per_min")}
+            result["agreement"][f"lanes{lanes}"] = _agreement(entry["problems"], one["problems"])
+        print(f"lanes {lanes}: {entry['counts']} in {entry['wall_s']:.0f} s (exit {entry['returncode']}), "
+              f"{entry['tasks_per_min'] or 0:.1f} tasks/min, steady {entry['steady_tasks_per_min'] or 0:.1f}, "
+              f"median verdict {entry['median_verdict_s']} s", flush=True)
+        write_json(result, args.out)
+    print({k: result[k] for k in ("speedup", "agreement")})
+
+
+if __name__ == "__main__":
+    main()

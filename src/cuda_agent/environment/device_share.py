@@ -1,0 +1,38 @@
+"""A GPU shared by several evaluations at once, each holding it only for its device work.
+
+An evaluation spends much of its wall time on the host: starting its workers, importing the task,
+``torch.compile`` generating code, tearing down. On a stream of small problems (a dataset's
+self-check, RL rollouts on synthesised tasks) the GPU idles through all of it. Evaluations that
+share a GPU overlap that host work and take turns on the device: each holds the GPU's lock for
+every stretch that runs device work (loading the problem, drawing trials, timing the baselines,
+loading, verifying and timing the candidate), so no two measurements or a measurement and
+another evaluation's kernels ever overlap. Only ``torch.compile``'s first call of a baseline runs
+unheld (code generation with one forward pass at its end): the synthesis filter compiles the same
+way.
+
+Each of the evaluations plans its memory within its share of the device
+(``total / evaluations``), so that evaluations that each fit can never run the GPU out of memory
+together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DeviceShare:
+    hold: Callable[[], AbstractContextManager[None]]
+    """A new context manager per call that holds the GPU (across processes) while it is entered."""
+    evaluations: int
+    """How many evaluations use the GPU at once (>= 2)."""
+
+    def __post_init__(self) -> None:
+        if self.evaluations < 2:
+            raise ValueError(f"a shared device has >= 2 evaluations, got {self.evaluations}")
+
+    def memory_share(self, total_bytes: int) -> int:
+        """Device bytes one evaluation may plan for."""
+        return total_bytes // self.evaluations
