@@ -211,7 +211,7 @@ def test_a_sample_takes_equal_shares_per_fused_op_count_in_id_order(tmp_path: Pa
     assert read_dataset(tmp_path / "sample" / PARQUET) == expected
     assert numbers["ops_per_task"] == {1: 3, 3: 2} and numbers["sample_of"]["tasks"] == len(records)
     card = (tmp_path / "sample" / CARD).read_text()
-    assert "A sample of 5 of the 12 tasks" in card and "0.1 - 100 ms" in card
+    assert "A sample of 5 of the 12 tasks of `../full`" in card and "0.1 - 100 ms" in card  # portable: no absolute path
     with pytest.raises(DatasetError, match="between 1 and the 12 tasks"):
         dataset.write_sample(tmp_path / "full", 13, tmp_path / "too-many")
 

@@ -534,7 +534,8 @@ def write_sample(source: str | Path, n: int, out_dir: str | Path) -> dict[str, A
     _write_parquet(rows, out_dir / PARQUET)
     source_numbers = stats(source)
     numbers = card_numbers(picked, [], source_numbers["run"], _stored_families(source), [PARQUET])
-    numbers["sample_of"] = {"path": str(source), "tasks": len(records)}
+    # named from the sample's folder, so the card points at its source wherever the two are copied
+    numbers["sample_of"] = {"path": os.path.relpath(source.resolve(), out_dir.resolve()), "tasks": len(records)}
     _fsync_write(out_dir / CARD, render_card(numbers).encode())
     return numbers
 
