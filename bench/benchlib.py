@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import random
 import re
 import secrets
 import shutil
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cuda_agent.environment import TimingConfig
+from cuda_agent.environment import TimingConfig, load_tasks
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -220,3 +221,14 @@ def check_medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The median verdict and :func:`median_phases` over ``rows`` (tasks check's problems)."""
     timed = [row["phase_seconds"] for row in rows if row["phase_seconds"].get("total")]
     return {"median_verdict_s": median([s["total"] for s in timed]), "median_phase_s": median_phases(timed)}
+
+
+def sample_task_files(tasks: Path, n: int, folder: Path, seed: int = 0, avoid: set[str] | None = None) -> Path:
+    """``n`` tasks of the dataset (none of ``avoid``'s file names), picked with ``seed``, as files
+    in ``folder``."""
+    if not folder.is_dir():
+        loaded = [r.task for r in load_tasks(tasks) if r.task is not None and f"{r.task.id}.py" not in (avoid or set())]
+        folder.mkdir(parents=True)
+        for task in random.Random(seed).sample(loaded, min(n, len(loaded))):
+            (folder / f"{task.id}.py").write_text(task.code)
+    return folder

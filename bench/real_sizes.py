@@ -52,7 +52,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import EXAMPLES, REPO, Budget, check_medians, machine_details, make_variant, tasks_check, write_json
+from benchlib import (
+    EXAMPLES, REPO, Budget, check_medians, machine_details, make_variant, sample_task_files, tasks_check, write_json,
+)
 
 from cuda_agent.environment import EvalConfig, Prestarter, evaluate, load_task, slots
 
@@ -278,16 +280,7 @@ def measure_selfcheck(args: argparse.Namespace, result: dict[str, Any], budget: 
 
 def measure_synth(args: argparse.Namespace, result: dict[str, Any], budget: Budget) -> None:
     """``tasks check`` over 100 tasks of data/synth-h100 picked with a fixed seed."""
-    import random
-
-    from cuda_agent.environment import load_tasks
-
-    sample = args.work / "synth_sample"
-    if not sample.is_dir():
-        loaded = [r.task for r in load_tasks(REPO / "data" / "synth-h100" / "tasks.parquet") if r.task is not None]
-        sample.mkdir()
-        for task in random.Random(0).sample(loaded, 100):
-            (sample / f"{task.id}.py").write_text(task.code)
+    sample = sample_task_files(REPO / "data" / "synth-h100" / "tasks.parquet", 100, args.work / "synth_sample")
     for key, folder in (("synth_sample", "synth_check"), ("synth_sample_cached", "synth_cached")):
         if budget.spent():
             break

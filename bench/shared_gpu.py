@@ -24,25 +24,11 @@ one lane's; ``agreement.lanes<k>``: per baseline variant, the median and 90th pe
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 from pathlib import Path
 from typing import Any
 
-from benchlib import Budget, check_medians, machine_details, tasks_check, write_json
-
-from cuda_agent.environment import load_tasks
-
-
-def _sample(tasks: Path, n: int, folder: Path, seed: int = 0, avoid: set[str] | None = None) -> Path:
-    """``n`` tasks of the dataset (none of ``avoid``'s file names), picked with ``seed``, as files
-    in ``folder``."""
-    if not folder.is_dir():
-        loaded = [r.task for r in load_tasks(tasks) if r.task is not None and f"{r.task.id}.py" not in (avoid or set())]
-        folder.mkdir(parents=True)
-        for task in random.Random(seed).sample(loaded, min(n, len(loaded))):
-            (folder / f"{task.id}.py").write_text(task.code)
-    return folder
+from benchlib import Budget, check_medians, machine_details, sample_task_files, tasks_check, write_json
 
 
 def _fresh_caches(run: Path) -> dict[str, str]:
@@ -87,11 +73,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.lanes[0] != 1:
         parser.error("--lanes must start with 1: the other lane counts are compared with it")
-    sample = _sample(args.tasks, args.n, args.work / "sample")
+    sample = sample_task_files(args.tasks, args.n, args.work / "sample")
     result: dict[str, Any] = {"machine": machine_details(), "tasks": str(args.tasks), "n": args.n, "runs": {},
                               "speedup": {}, "agreement": {}}
     if args.warmup:
-        warmup = _sample(args.tasks, args.warmup, args.work / "warmup_sample", 1, {p.name for p in sample.iterdir()})
+        warmup = sample_task_files(args.tasks, args.warmup, args.work / "warmup_sample", 1, {p.name for p in sample.iterdir()})
         result["warmup"] = tasks_check(warmup, [], args.work / "warmup", Budget(args.pass_s), args.gpus,
                                        args.work / "cache_warmup",
                                        _fresh_caches(args.work / "warmup"))["counts"]

@@ -4,16 +4,17 @@ fed by compile threads in this process.
 Each GPU lane's worker sees exactly one GPU (``CUDA_VISIBLE_DEVICES`` set to that GPU's entry) and
 runs one evaluation at a time under a per-GPU lock, so timings on a GPU never overlap, not even
 with another pool on the same host. With ``lanes_per_gpu`` above 1 a GPU has that many lanes,
-whose evaluations hold the lock for their device work only (``environment/device_share.py``). A lane's evaluations keep their temporary files in the lane's
-own scratch folder, which is emptied whenever its worker is restarted.
+whose evaluations hold the lock for their device work only (``environment/device_share.py``).
+A lane's evaluations keep their temporary files in the lane's own scratch folder, which is
+emptied whenever its worker is restarted.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections import Counter
 import shutil
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
