@@ -1,5 +1,5 @@
-"""An evaluation on a shared GPU holds it for its device work only, waits while another holds it,
-and says how long it waited (environment/device_share.py)."""
+"""An evaluation on a shared GPU holds it alone for its measurements and beside other evaluations
+for the rest of its device work, and says how long it waited (environment/device_share.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 
 from cuda_agent.environment import Status, evaluate, load_task
 from cuda_agent.environment.device_share import DeviceShare
+from cuda_agent.synth import device_lock
 
 from support import SMALL_RELU_TASK, child_pids
 
@@ -31,42 +32,59 @@ def _task_and_selfcheck(folder: Path) -> tuple[Path, Path]:
     return task, solution
 
 
-def test_a_shared_device_is_held_for_device_work_and_waited_for(plain_torch_config, scratch_dir, tmp_path) -> None:
-    gpu = threading.Lock()
-    asked: list[float] = []
+def test_a_shared_device_is_held_alone_to_measure_and_beside_others_for_the_rest(plain_torch_config, scratch_dir,
+                                                                                tmp_path) -> None:
+    """With another evaluation's untimed device work under way (a real lock of its own), this one
+    loads its problem beside it and waits to measure until it ends."""
+    device = f"test-{secrets.token_hex(4)}"
+    holds: list[tuple[str, float, float]] = []  # (kind, asked at, entered at)
 
-    @contextlib.contextmanager
-    def hold():
-        asked.append(time.monotonic())
-        with gpu:
-            yield
+    def recorded(kind: str, hold):
+        @contextlib.contextmanager
+        def entered():
+            asked = time.monotonic()
+            with hold(device):
+                holds.append((kind, asked, time.monotonic()))
+                yield
+        return entered
 
-    share = DeviceShare(hold, evaluations=2)
-    gpu.acquire()  # another evaluation's device work, for HELD_S
-    released_at = None
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    share = DeviceShare(measure=recorded("measure", device_lock.measuring), use=recorded("use", device_lock.using),
+                        evaluations=2)
+    other_started, other_release = threading.Event(), threading.Event()
+
+    def other_evaluation() -> None:
+        with device_lock.using(device):
+            other_started.set()
+            other_release.wait(60)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        other = pool.submit(other_evaluation)
+        assert other_started.wait(5)
         started = time.monotonic()
         task, solution = _task_and_selfcheck(tmp_path)
         future = pool.submit(evaluate, load_task(task), solution, plain_torch_config, share=share)
         time.sleep(HELD_S)
-        assert not future.done(), "the evaluation finished while the device it shares was held"
+        assert not future.done(), "the evaluation measured while another's device work ran"
         released_at = time.monotonic()
-        gpu.release()
+        other_release.set()
+        other.result()
         verdict = future.result(timeout=300)
     assert verdict.status is Status.CORRECT, verdict.error
     assert verdict.baseline_sources == {"eager_tf32_off": "timed"}
-    assert asked and asked[0] < released_at  # it reached its device work and waited there
+    # prepare, baselines, load and verify, the candidate's timing, the check after it, teardown
+    assert [kind for kind, _, _ in holds] == ["use", "measure", "use", "measure", "use", "use"]
+    assert holds[0][2] < released_at  # it loaded its problem beside the other's work ...
+    assert holds[1][1] < released_at <= holds[1][2]  # ... and measured only after it
     waited = float(re.fullmatch(r"2 evaluations at once; ([\d.]+) s waiting for the GPU",
                                 verdict.environment["device_shared"]).group(1))
-    assert waited >= released_at - asked[0] - 0.5
+    assert waited == pytest.approx(sum(entered - asked for _, asked, entered in holds), abs=0.05)
+    assert waited >= released_at - holds[1][1] - 0.01  # the note rounds to 0.01 s
     assert verdict.phase_seconds["total"] >= released_at - started - 0.5
-    # prepare, baselines, the candidate's phases and teardown, each held on its own
-    assert len(asked) == 4
     assert child_pids() == [] and list(scratch_dir.iterdir()) == []
 
 
 def test_a_device_share_is_at_least_two_evaluations_each_planning_its_part() -> None:
-    share = DeviceShare(contextlib.nullcontext, evaluations=3)
+    share = DeviceShare(contextlib.nullcontext, contextlib.nullcontext, evaluations=3)
     assert share.memory_share(141 * 2**30) == 47 * 2**30
     with pytest.raises(ValueError, match=">= 2 evaluations, got 1"):
-        DeviceShare(contextlib.nullcontext, evaluations=1)
+        DeviceShare(contextlib.nullcontext, contextlib.nullcontext, evaluations=1)

@@ -5,7 +5,6 @@ names a lane and its parent give one GPU lead to the same lock."""
 from __future__ import annotations
 
 import queue
-import threading
 import time
 
 import pytest
@@ -96,33 +95,3 @@ def test_gpu_lanes_each_see_one_gpu_and_lock_it_by_its_physical_entry(monkeypatc
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(ValueError, match="no GPU is visible"):
         lane_devices("cuda")
-
-
-def test_measurements_wait_for_their_own_device_only() -> None:
-    held = threading.Event()
-    release = threading.Event()
-
-    def hold() -> None:
-        with device_lock.measuring("cpu:7"):
-            held.set()
-            release.wait(5)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    assert held.wait(5)
-    started = time.monotonic()
-    with device_lock.measuring("cpu:8"):  # another device: no wait
-        assert time.monotonic() - started < 1.0
-    waited = threading.Event()
-
-    def wait_for_same() -> None:
-        with device_lock.measuring("cpu:7"):
-            waited.set()
-
-    waiter = threading.Thread(target=wait_for_same)
-    waiter.start()
-    assert not waited.wait(0.3)  # the same device: blocked while it is held
-    release.set()
-    assert waited.wait(5)
-    holder.join()
-    waiter.join()

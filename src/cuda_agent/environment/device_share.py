@@ -3,12 +3,13 @@
 An evaluation spends much of its wall time on the host: starting its workers, importing the task,
 ``torch.compile`` generating code, tearing down. On a stream of small problems (a dataset's
 self-check, RL rollouts on synthesised tasks) the GPU idles through all of it. Evaluations that
-share a GPU overlap that host work and take turns on the device: each holds the GPU's lock for
-every stretch that runs device work (loading the problem, drawing trials, timing the baselines,
-loading, verifying and timing the candidate), so no two measurements or a measurement and
-another evaluation's kernels ever overlap. Only ``torch.compile``'s first call of a baseline runs
-unheld (code generation with one forward pass at its end): the synthesis filter compiles the same
-way.
+share a GPU overlap that host work and take turns on the device. A measurement (timing the
+baselines, timing the candidate) holds the GPU alone: no other evaluation's kernels run beside it.
+The rest of the device work (loading the problem and drawing trials, loading and verifying the
+candidate, tearing down) holds it beside other evaluations' untimed device work, so that their
+verifying and loading overlap too, but never beside a measurement. Only ``torch.compile``'s first
+calls of a baseline run unheld (code generation with one forward pass per TF32 setting at its
+end): the synthesis filter compiles the same way.
 
 Each of the evaluations plans its memory within its share of the device
 (``total / evaluations``), so that evaluations that each fit can never run the GPU out of memory
@@ -24,8 +25,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DeviceShare:
-    hold: Callable[[], AbstractContextManager[None]]
-    """A new context manager per call that holds the GPU (across processes) while it is entered."""
+    measure: Callable[[], AbstractContextManager[None]]
+    """A new context manager per call that holds the GPU alone (across processes) while entered."""
+    use: Callable[[], AbstractContextManager[None]]
+    """A new context manager per call that holds the GPU for untimed device work: beside other
+    evaluations' untimed work, never beside a measurement."""
     evaluations: int
     """How many evaluations use the GPU at once (>= 2)."""
 

@@ -154,11 +154,21 @@ class _Evaluation:
         self._begin("baselines")
         baselines = self._baselines() if self.profile else {}  # before any candidate code runs
         with self._on_device():
-            self._judge_and_time(built, batches, first, baselines)
+            self._load_and_verify(built, batches, first)
+        if not self.profile:
+            self.verdict.notes.append("verified only (profile=False): not timed, so the reward is at most 1")
+            return
+        self._begin("profile")
+        with self._on_device(measure=True), self._quiet_device():
+            self._profile(baselines)
+        if self.config.verify.post_timing_check:
+            self._begin("post_timing")
+            with self._on_device():
+                self._verify(self._prepare_trials([(len(sum(batches, [])), "post_timing")]))
 
-    def _judge_and_time(self, built: BuiltSolution, batches: list[list[tuple[int, str]]],
-                        first: list[tuple[int, str, Any]] | None, baselines: dict[str, TimingStats]) -> None:
-        """The candidate's phases: load it, verify every trial, time it, verify once more."""
+    def _load_and_verify(self, built: BuiltSolution, batches: list[list[tuple[int, str]]],
+                         first: list[tuple[int, str, Any]] | None) -> None:
+        """The candidate's first phases: load it, verify every trial."""
         self._begin("load")
         with ThreadPoolExecutor(max_workers=1) as pool:
             # The reference makes the first input sets while the candidate loads; this thread keeps
@@ -170,31 +180,23 @@ class _Evaluation:
         self._verify(first)
         for batch in batches[1:]:
             self._verify(self._prepare_trials(batch))
-        if not self.profile:
-            self.verdict.notes.append("verified only (profile=False): not timed, so the reward is at most 1")
-            return
-        self._begin("profile")
-        with self._quiet_device():
-            self._profile(baselines)
-        if self.config.verify.post_timing_check:
-            self._begin("post_timing")
-            self._verify(self._prepare_trials([(len(sum(batches, [])), "post_timing")]))
 
     def _quiet_device(self) -> contextlib.AbstractContextManager:
         """While timing: no prestarted slot initialises its device context (on a shared GPU, the
-        slots initialise theirs holding the GPU, which the timing evaluation holds already)."""
+        slots initialise theirs holding it for untimed work, which a measurement keeps out)."""
         if self.prestarted is None or self.share is not None:
             return contextlib.nullcontext()
         return self.prestarted.quiet_device()
 
     @contextlib.contextmanager
-    def _on_device(self) -> Iterator[None]:
-        """Device work: on a shared GPU, held against every other evaluation's device work."""
+    def _on_device(self, measure: bool = False) -> Iterator[None]:
+        """Device work: on a shared GPU, a ``measure``-ment holds it alone, other work beside other
+        evaluations' untimed work."""
         if self.share is None:
             yield
             return
         waiting = time.monotonic()
-        with self.share.hold():
+        with self.share.measure() if measure else self.share.use():
             self._device_wait_s += time.monotonic() - waiting
             yield
 
@@ -388,7 +390,7 @@ class _Evaluation:
             if self.share is not None and any(v.startswith("compile_") for v in missing):
                 # code generation is host work: another evaluation may use the GPU meanwhile
                 ahead = {"compile_unheld": self._ask_reference("compile", request)["seconds"]}
-            with self._on_device(), self._quiet_device():
+            with self._on_device(measure=True), self._quiet_device():
                 reply = self._ask_reference("baselines", request)
                 self._note_clock("baselines")
             self._note_unpinned(reply, "the reference worker (baselines)")

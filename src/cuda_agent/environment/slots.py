@@ -187,7 +187,8 @@ class Prestarter:
     def __init__(self, config: EvalConfig, count: int = 1, warm_timeout_s: float = 300.0,
                  share: DeviceShare | None = None) -> None:
         """``share``: the GPU is shared with evaluations of other processes (see
-        :mod:`~cuda_agent.environment.device_share`): slots initialise their device holding it."""
+        :mod:`~cuda_agent.environment.device_share`): slots initialise their device holding it
+        for untimed device work."""
         if count < 1:
             raise ValueError(f"Prestarter count must be >= 1, got {count}")
         self.config, self.count, self.warm_timeout_s, self.share = config, count, warm_timeout_s, share
@@ -276,7 +277,7 @@ class Prestarter:
     def _warm(self, slot: WorkerSlot) -> None:
         warm: WorkerSlot | None = slot
         try:
-            slot.warm(self.warm_timeout_s, self._device_gate if self.share is None else self.share.hold(),
+            slot.warm(self.warm_timeout_s, self._device_gate if self.share is None else self.share.use(),
                       self.config.timing.compile_mode if self.compile_ahead else None)
         except Exception:  # noqa: BLE001 - as above
             if not self._closed.is_set():

@@ -119,9 +119,9 @@ class Verdict:
     sample count and spread."""
     baseline_seconds: dict[str, float] = field(default_factory=dict)
     """Where the ``baselines`` phase went when this verdict timed any: ``compile`` (building
-    ``torch.compile(Model)`` and its first run) and each timed variant's loop, warm-up included (a
-    TF32 setting other than the compile's recompiles there). Empty when every baseline came from the
-    cache."""
+    ``torch.compile(Model)`` and its first run under each TF32 setting it is timed with; on a
+    shared GPU that ran ahead, unheld, as ``compile_unheld``) and each timed variant's loop,
+    warm-up included. Empty when every baseline came from the cache."""
     candidate_timing: TimingStats | None = None
     reward_baseline: str = "tf32_off"  # TF32 setting of the reward's baselines: tf32_off, tf32_on, fastest, tf32_default
     trials: list[TrialResult] = field(default_factory=list)

@@ -39,7 +39,8 @@ class PoolWork:
             None: :func:`~cuda_agent.environment.slots.default_prestart_slots`, divided among the
             lanes of a shared GPU.
         lanes_on_gpu: evaluation lanes (processes) sharing this GPU. Above 1 the lock is held only
-            for each evaluation's device work (:mod:`~cuda_agent.environment.device_share`).
+            for each evaluation's device work, alone for its measurements and shared for the rest
+            (:mod:`~cuda_agent.environment.device_share`).
     """
 
     def __init__(self, config: EvalConfig, staging_dir: Path, device_lock: str | None = None,
@@ -49,9 +50,10 @@ class PoolWork:
         self.device_lock = device_lock
         self.share: DeviceShare | None = None
         if device_lock is not None and lanes_on_gpu > 1:
-            from cuda_agent.synth.device_lock import measuring
+            from cuda_agent.synth.device_lock import measuring, using
 
-            self.share = DeviceShare(hold=lambda: measuring(device_lock), evaluations=lanes_on_gpu)
+            self.share = DeviceShare(measure=lambda: measuring(device_lock), use=lambda: using(device_lock),
+                                     evaluations=lanes_on_gpu)
         default_slots = -(-default_prestart_slots(config.device) // lanes_on_gpu)
         self.prestart_slots = prestart_slots if prestart_slots is not None else default_slots
         self._prestarter: Prestarter | None = None

@@ -10,6 +10,12 @@ A GPU's lock is named after the physical GPU, whatever a process calls it: ``cud
 sees one GPU and ``cuda:2`` in the parent that sees four are the same file when they are the same
 GPU, and so is ``gpu-<entry>``, the name the evaluation pool's lanes lock (``<entry>`` being the
 GPU's ``CUDA_VISIBLE_DEVICES`` entry), so synthesis and evaluation never time on one GPU at once.
+
+Device work that is not a measurement (an evaluation's loading, verifying, tearing down on a GPU
+that several evaluations share) may overlap other such work but never a measurement: it holds the
+same file shared (:func:`using`) where a measurement holds it alone (:func:`measuring`). A waiting
+measurement goes first: both pass through a turnstile (a second file, held only while queueing),
+so a stream of overlapping shared holders cannot keep a measurement waiting for ever.
 """
 
 from __future__ import annotations
@@ -48,13 +54,36 @@ def lock_file(device: str) -> Path:
 
 @contextlib.contextmanager
 def measuring(device: str) -> Iterator[None]:
-    """Hold ``device`` for one measurement; blocks while another thread or process holds it."""
+    """Hold ``device`` alone for one measurement; blocks while another thread or process holds it
+    (alone or shared)."""
     with _THREAD_LOCKS_GUARD:
         thread_lock = _THREAD_LOCKS.setdefault(lock_name(device), threading.Lock())
-    with thread_lock:
-        fd = os.open(lock_file(device), os.O_RDONLY | os.O_CREAT, 0o644)
+    with thread_lock, _flocked(device, fcntl.LOCK_EX):
+        yield
+
+
+@contextlib.contextmanager
+def using(device: str) -> Iterator[None]:
+    """Hold ``device`` for device work that is not a measurement: beside other such work, never
+    during a measurement (blocks while one runs or waits)."""
+    with _flocked(device, fcntl.LOCK_SH):
+        yield
+
+
+@contextlib.contextmanager
+def _flocked(device: str, mode: int) -> Iterator[None]:
+    """``flock`` the device's file in ``mode``, queueing through its turnstile. Each hold opens its
+    own descriptor: ``flock`` treats descriptors opened separately as separate holders, in one
+    process as across processes."""
+    path = lock_file(device)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
+    try:
+        turn = os.open(path.with_suffix(".turn"), os.O_RDONLY | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            fcntl.flock(turn, fcntl.LOCK_EX)
+            fcntl.flock(fd, mode)
         finally:
-            os.close(fd)  # closing the descriptor releases the flock
+            os.close(turn)  # the next in the queue may go on waiting for the device
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock

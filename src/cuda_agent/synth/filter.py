@@ -199,7 +199,8 @@ class TaskFilter:
             raise _Rejected("too-slow", f"eager {outcome.eager_ms:.3g} ms > {high:g} ms")
         if config.compile:
             with self._timed(outcome, "compile"):
-                self._ask("compile-error", {"op": "compile", "seed": 42, "timing": timing})
+                self._ask("compile-error", {"op": "compile", "variants": ["compile_tf32_off"], "seed": 42,
+                                            "timing": timing})
             outcome.compile_ms = self._time("compile_tf32_off", timing, outcome)
 
     def _time(self, variant: str, timing: dict[str, Any], outcome: FilterOutcome) -> float:
