@@ -187,20 +187,21 @@ def tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget, gp
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env={**os.environ, **(env or {}), "CUDA_AGENT_CACHE_DIR": str(cache_dir)}) as run:
         try:
-            stdout, _ = run.communicate(timeout=max(10, budget.left_s()))
+            stdout, stderr = run.communicate(timeout=max(10, budget.left_s()))
         except subprocess.TimeoutExpired:
             run.terminate()  # SIGTERM: it stops its workers, keeping what it stored
             try:
-                stdout, _ = run.communicate(timeout=60)
+                stdout, stderr = run.communicate(timeout=60)
             except subprocess.TimeoutExpired:
                 run.kill()
-                stdout, _ = run.communicate()
+                stdout, stderr = run.communicate()
     complete = run.returncode in (0, 1) and stdout.strip().startswith("{")
     report = json.loads(stdout) if complete else stored_selfcheck(out_dir)  # stopped: read what the store holds
     counts = report["counts"] if report else {}
     return {"tasks": sum(counts.values()), "correct": counts.get("correct", 0), "task_error": counts.get("task_error", 0),
             "infra_error": counts.get("infra_error", 0), "counts": counts, "wall_s": time.monotonic() - started,
-            "complete": complete, "returncode": run.returncode, "problems": report["problems"] if report else []}
+            "complete": complete, "returncode": run.returncode, "problems": report["problems"] if report else [],
+            "stderr_tail": "" if run.returncode in (0, 1, 130) else stderr[-2000:]}  # why it failed, if it did
 
 
 def stored_selfcheck(out_dir: Path) -> dict[str, Any] | None:

@@ -19,7 +19,9 @@ Then here, on the CPU machine:
 
 ``publish`` copies the state archive into the data folder beside the Parquet, so that a later session
 continues the run from the repository: ``build --state data/ops-<N>k-<gpu>/ops-state.tar.gz``
-(then ``git rm`` the smaller folder the next ``publish`` supersedes).
+(then ``git rm`` the smaller folder the next ``publish`` supersedes). The set's self-check so far
+(``checks.parquet``, gathered by ``bench/dataset_check.py``) goes along: from ``--checks``, or from
+beside ``--state``; the card counts it.
 
 Expected durations and why:
 
@@ -64,6 +66,7 @@ from typing import Any
 
 from benchlib import REPO, machine_details, write_json
 
+from cuda_agent.synth.checks import CHECKS
 from cuda_agent.synth.composer import DeterministicComposer
 from cuda_agent.synth.dataset import COMPOSED, JOURNAL, META, RUNS, DatasetWriter, stats, write_sample
 from cuda_agent.synth.devices import lane_devices
@@ -233,7 +236,13 @@ def publish(args: argparse.Namespace, work: Path) -> None:
         os.unlink(stale)
     for index, data in enumerate(parts):
         (target / (ARCHIVE if len(parts) == 1 else f"{ARCHIVE}.part{index}")).write_bytes(data)
-    make_card(work, target / "README.md", benchmark=args.benchmark)
+    if args.checks is not None and not args.checks.is_file():
+        sys.exit(f"--checks {args.checks}: no such file (expected a {CHECKS} written by bench/dataset_check.py merge)")
+    checks = args.checks or args.state.parent / CHECKS  # the set's self-check so far stays with it
+    if checks.is_file() and checks.resolve() != (target / CHECKS).resolve():
+        shutil.copy2(checks, target / CHECKS)
+    make_card(work, target / "README.md", benchmark=args.benchmark,
+              checks=target / CHECKS if (target / CHECKS).is_file() else None)
     write_sample(target, min(200, tasks), REPO / "examples" / "data" / f"{name}-sample")
     print(f"published {tasks} tasks in {target} and a {min(200, tasks)}-task sample in examples/data/{name}-sample")
 
@@ -256,6 +265,8 @@ def main() -> None:
     parser.add_argument("--warmup-s", type=float, default=60.0, help="steady rates count from here")
     parser.add_argument("--benchmark", type=Path, default=None, help="KernelBench/KernelBench, where it is present")
     parser.add_argument("--name", default=None, help="publish: the data folder's name (default: ops-<N>k-<gpu>)")
+    parser.add_argument("--checks", type=Path, default=None,
+                        help=f"publish: the set's {CHECKS} (default: the one beside --state, if any)")
     args = parser.parse_args()
     work = args.work or (REPO / "runs" / "ops" if args.step == "publish" else Path("/tmp/ops-run"))
     unpack(args.state, work)

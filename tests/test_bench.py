@@ -94,3 +94,22 @@ def test_generation_speed_bench_times_a_decoding_step_per_setting(tmp_path: Path
     settings = json.loads(out.read_text())["settings"]
     assert set(settings) == {"float32", "bfloat16", "beside_environment"}  # autocast is a CUDA setting
     assert all(r["steps"] >= 1 and r["step_ms"] > 0 for r in settings.values())
+
+
+def test_dataset_check_merge_gathers_rows_and_names_a_bad_line(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"id": ["a", "b"], "code": ["", ""]}), data / "tasks.parquet")
+    rows = tmp_path / "checks_1.jsonl"
+    rows.write_text(json.dumps({"task": "a", "status": "correct", "eager_ms": 2.0, "checked_at": 1.0}) + "\n")
+    merged = subprocess.run([sys.executable, str(BENCH / "dataset_check.py"), "merge", "--data", str(data), str(rows)],
+                            capture_output=True, text=True, timeout=120)
+    assert merged.returncode == 0, merged.stderr
+    assert "1 added, 0 replaced; 1 tasks checked: {'correct': 1}" in merged.stdout
+    rows.write_text('{"task": "b", "status": "correct"}\n')
+    bad = subprocess.run([sys.executable, str(BENCH / "dataset_check.py"), "merge", "--data", str(data), str(rows)],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and f"{rows}:1: a check row needs checked_at" in bad.stderr

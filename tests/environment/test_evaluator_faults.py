@@ -270,6 +270,19 @@ def test_task_whose_get_inputs_raises_yields_task_error(run_evaluation, tmp_path
     assert "inputs unavailable" in verdict.error
 
 
+def test_task_whose_output_shape_depends_on_rounding_yields_task_error(run_evaluation, tmp_path: Path) -> None:
+    task = tmp_path / "rounding_shape.py"  # 1e-9 is lost next to [1, 2) in float32, kept in float64
+    task.write_text("import torch\nimport torch.nn as nn\n\n\nclass Model(nn.Module):\n"
+                    "    def forward(self, x):\n        y = (x + 1e-9) - x\n        return y[y != 0]\n\n\n"
+                    "def get_inputs():\n    return [torch.rand(1024) + 1.0]\n\n\n"
+                    "def get_init_inputs():\n    return []\n")
+    verdict = run_evaluation(task, SOLUTIONS / "raise_in_forward.py")
+    assert_failed(verdict, Status.TASK_ERROR)
+    assert ("the reference's output has shape (1024,) computed in float64 and (0,) in float32: its shape depends "
+            "on rounding") in verdict.error
+    assert verdict.trials == []
+
+
 def test_task_source_without_model_yields_task_error_without_starting_workers(make_config) -> None:
     task = Task(id="no_model", code="def get_inputs(): return []\ndef get_init_inputs(): return []\n", origin="<test>")
     verdict = evaluate(task, SOLUTIONS / "raise_in_forward.py", make_config())

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cuda_agent.environment import POLICIES
-from cuda_agent.environment.comparison import References
+from cuda_agent.environment.comparison import References, rounding_dependent_shape
 from cuda_agent.environment.precision import FAITHFUL_ERROR_RATIO_LIMIT
 
 FAITHFUL = POLICIES.get("faithful")
@@ -292,3 +292,12 @@ def test_allclose_rejects_zeros_for_an_output_tiny_next_to_atol(policy: str) -> 
     zeros = POLICIES.get(policy).compare(torch.zeros(4096), refs)
     assert not zeros.passed and "atol capped" in zeros.message
     assert POLICIES.get(policy).compare((x.double() * 1e-6).float(), refs).passed
+
+
+def test_a_reference_whose_float64_structure_differs_is_named() -> None:
+    same = rounding_dependent_shape((torch.zeros(3, dtype=torch.float64), 2), (torch.zeros(3), 2))
+    assert same is None
+    assert rounding_dependent_shape([torch.zeros(2, dtype=torch.float64)], [torch.zeros(2), torch.zeros(1)]) == (
+        "the reference returns 1 outputs computed in float64 and 2 in float32")
+    assert rounding_dependent_shape({"a": torch.zeros(5, dtype=torch.float64)}, {"a": torch.zeros(4)}).startswith(
+        "the reference's output['a'] has shape (5,) computed in float64 and (4,) in float32")

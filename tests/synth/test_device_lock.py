@@ -4,8 +4,9 @@ measurement goes before untimed work that arrives after it."""
 
 from __future__ import annotations
 
-import multiprocessing
 import secrets
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -31,10 +32,14 @@ def _holder(hold: Callable[[], AbstractContextManager[None]]) -> tuple[threading
     return entered, release, thread
 
 
-def _hold_in_child(device: str, entered, release) -> None:
-    with device_lock.using(device):
-        entered.set()
-        release.wait(10)
+def _hold_in_child(device: str) -> subprocess.Popen:
+    """Another process that holds ``device`` for untimed work until its stdin closes (a plain
+    subprocess: multiprocessing would leave its resource tracker running)."""
+    code = ("import sys\nfrom cuda_agent.synth import device_lock\n"
+            f"with device_lock.using({device!r}):\n    print('held', flush=True)\n    sys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "held"
+    return child
 
 
 def test_measurements_wait_for_their_own_device_only() -> None:
@@ -74,19 +79,15 @@ def test_untimed_work_overlaps_untimed_work_but_never_a_measurement() -> None:
 
 def test_a_waiting_measurement_goes_before_untimed_work_of_another_process_that_came_after_it() -> None:
     device = f"test-{secrets.token_hex(4)}"
-    context = multiprocessing.get_context("spawn")
-    child_entered, child_release = context.Event(), context.Event()
-    child = context.Process(target=_hold_in_child, args=(device, child_entered, child_release))
-    child.start()
+    child = _hold_in_child(device)
     try:
-        assert child_entered.wait(60)
         with device_lock.using(device):  # beside the other process's untimed work: no wait
             pass
         measured, release_measure, measure_thread = _holder(lambda: device_lock.measuring(device))
         assert not measured.wait(WAIT_S)  # the child holds the device for untimed work
         late, release_late, late_thread = _holder(lambda: device_lock.using(device))
         assert not late.wait(WAIT_S)  # queued behind the waiting measurement, not beside the child
-        child_release.set()
+        child.stdin.close()
         assert measured.wait(5)
         assert not late.is_set()
         release_measure.set()
@@ -95,6 +96,6 @@ def test_a_waiting_measurement_goes_before_untimed_work_of_another_process_that_
         measure_thread.join()
         late_thread.join()
     finally:
-        child_release.set()
-        child.join(30)
-    assert child.exitcode == 0
+        if not child.stdin.closed:
+            child.stdin.close()
+        assert child.wait(30) == 0

@@ -245,6 +245,23 @@ def _flatten(tree: Any, path: str = "") -> list[tuple[str, Any]]:
     return [(path, tree)]
 
 
+def rounding_dependent_shape(exact: Any, single: Any) -> str | None:
+    """Why the float64 reference ``exact`` and the float32 one ``single`` differ in structure
+    (the number of outputs, or a tensor's shape), else None. An output whose shape depends on
+    rounding (``unique`` of floats, ``nonzero`` of a difference) cannot be judged: which shape a
+    candidate's has is as much a matter of its summation order as of being right."""
+    exact_leaves, single_leaves = _flatten(exact), _flatten(single)
+    if len(exact_leaves) != len(single_leaves):
+        return (f"the reference returns {len(exact_leaves)} outputs computed in float64 and "
+                f"{len(single_leaves)} in float32")
+    for (path, wide), (_, narrow) in zip(exact_leaves, single_leaves):
+        if isinstance(wide, torch.Tensor) and isinstance(narrow, torch.Tensor) and wide.shape != narrow.shape:
+            return (f"the reference's output{path} has shape {tuple(wide.shape)} computed in float64 and "
+                    f"{tuple(narrow.shape)} in float32: its shape depends on rounding, so no candidate's "
+                    "output can be judged against it")
+    return None
+
+
 def _shape_of(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return (type(tree).__name__, [_shape_of(v) for v in tree])

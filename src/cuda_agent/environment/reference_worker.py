@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import torch
 
-from cuda_agent.environment.comparison import References, tf32_enabled, tf32_setting
+from cuda_agent.environment.comparison import References, rounding_dependent_shape, tf32_enabled, tf32_setting
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.degeneracy_probe import degeneracy_flags
 from cuda_agent.environment.fingerprint import FingerprintKey
@@ -65,6 +65,10 @@ def _warm_compile_probe(x: torch.Tensor) -> torch.Tensor:
 
 class NotReproducible(RuntimeError):
     """``get_inputs()`` drew different inputs from the same seed."""
+
+
+class UnjudgeableReference(RuntimeError):
+    """The reference's outputs cannot be compared with any candidate's (the message says why)."""
 
 
 @dataclass
@@ -345,6 +349,8 @@ class ReferenceWorker:
                     _give_back_cached_memory(self.device)
             with tf32_enabled(False):
                 fp32 = _contiguous(self.model(*fresh()))
+            if fp64 is not None and (problem := rounding_dependent_shape(fp64, fp32)) is not None:
+                raise UnjudgeableReference(problem)
             ref_tf32 = None
             if self.policy.needs_tf32_reference and self.device == "cuda":
                 with tf32_enabled(True):

@@ -216,7 +216,17 @@ def _checks_section(checks: Mapping[str, Any] | None) -> str:
     rows = sorted(checks["statuses"].items())
     return (f"## Judged-ready (`tasks check`)\n\nEach task's reference run as its own candidate through the full "
             f"verdict (`{checks['path']}`): {checks['correct']} of {checks['checked']} checked tasks are `correct`; "
-            f"{checks['not_checked']} tasks of the set have no result.\n\n" + _table(("status", "tasks"), rows) + "\n")
+            f"{checks['not_checked']} tasks of the set have no result.\n\n" + _table(("status", "tasks"), rows) + "\n"
+            + _failed_checks(checks.get("failed", [])))
+
+
+def _failed_checks(failed: Sequence[Mapping[str, Any]]) -> str:
+    """The checked tasks that are not ``correct``, each with the first line of its error."""
+    if not failed:
+        return ""
+    rows = [(f"`{row['task']}`", row["status"], next(iter((row["error"] or "").splitlines()), "")[:160].replace("|", "\\|"))
+            for row in failed]
+    return "\nNot `correct`:\n\n" + _table(("task", "status", "error (first line)"), rows) + "\n"
 
 
 def _decontamination_section(report: Mapping[str, Any]) -> str:

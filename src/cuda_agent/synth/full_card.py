@@ -10,9 +10,9 @@ Sources, each optional except the data file:
 - ``seed_ops.json``: the seed-op catalogue, for coverage per family;
 - a benchmark folder (``--benchmark``): the decontamination report, per folder of task files
   (``level1``, ``level2``, ``level3`` of a KernelBench checkout);
-- a ``tasks check`` results folder (``--checks``): how many tasks the full verdict judged
-  ``correct`` with their own reference as the candidate. It is read through the evaluation
-  results store (``results.sqlite``) that the evaluation runner writes.
+- the set's self-check (``--checks``): how many tasks the full verdict judged ``correct`` with
+  their own reference as the candidate, from the ``checks.parquet`` gathered over several
+  ``tasks check`` runs (:mod:`cuda_agent.synth.checks`) or from one run's results folder.
 
 Input sizes are read from the source where it follows the composers' template, else measured by
 running the task's ``get_inputs()`` on the meta device in a worker process
@@ -30,6 +30,7 @@ from typing import Any
 
 from cuda_agent.synth.card import render_card
 from cuda_agent.synth.card_plots import write_plots
+from cuda_agent.synth.checks import read as read_checks_file, rows_from_store
 from cuda_agent.synth.dataset import CARD, COMPOSED, JOURNAL, RUNS, DatasetError, read_dataset, read_journal, stats
 from cuda_agent.synth.decontaminate import BenchmarkIndex, decontaminate, load_benchmark
 from cuda_agent.synth.diversity import family_coverage, near_duplicate_clusters, op_sequence_counts
@@ -49,7 +50,8 @@ def make_card(dataset: str | Path, out: str | Path | None = None, benchmark: str
         dataset: the dataset directory (``tasks.parquet`` or ``tasks.jsonl`` inside).
         out: the card's path (default ``<dataset>/README.md``); the PNGs go beside it.
         benchmark: a benchmark folder for the decontamination report (e.g. ``KernelBench/KernelBench``).
-        checks: a ``tasks check`` results folder (or its ``results.sqlite``).
+        checks: the set's ``checks.parquet``, or a ``tasks check`` results folder (or its
+            ``results.sqlite``).
         similarity: the decontamination threshold the report counts at.
         plots: write the histograms (needs matplotlib).
 
@@ -211,22 +213,21 @@ def _part(name: str) -> str:
 
 
 def read_checks(path: Path, ids: Sequence[str]) -> dict[str, Any]:
-    """Counts of a ``tasks check`` run over the set: per status, ``correct``, and the tasks of the
-    set without a result.
+    """Counts of the set's self-check: per status, ``correct``, and the tasks of the set without a
+    result. ``path``: the set's ``checks.parquet`` (gathered from several runs, :mod:`checks`), or
+    one ``tasks check`` results folder.
 
     Raises:
-        ValueError: ``path`` holds no results store, or several runs (the message says which).
+        ValueError: ``path`` is neither (the message says why).
     """
-    from cuda_agent.evaluate.store import ResultsStore, StoreError
-
     try:
-        store = ResultsStore.open_existing(path)
-        try:
-            results = {record.task_key: record for record in store.records(store.run().run_id)}
-        finally:
-            store.close()
-    except StoreError as exc:
+        results = (read_checks_file(path) if path.suffix == ".parquet"
+                   else {row["task"]: row for row in rows_from_store(path)})
+    except ValueError as exc:
         raise ValueError(f"--checks: {exc}") from None
     checked = [results[task] for task in ids if task in results]
-    return {"path": str(path), "checked": len(checked), "correct": sum(record.correct for record in checked),
-            "statuses": dict(Counter(record.status for record in checked)), "not_checked": len(ids) - len(checked)}
+    return {"path": path.name if path.suffix == ".parquet" else str(path), "checked": len(checked),
+            "correct": sum(row["status"] == "correct" for row in checked),
+            "statuses": dict(Counter(row["status"] for row in checked)), "not_checked": len(ids) - len(checked),
+            "failed": [{key: row[key] for key in ("task", "status", "error")} for row in checked
+                       if row["status"] != "correct"]}

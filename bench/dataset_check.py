@@ -1,0 +1,126 @@
+"""A synthesised set's self-check in pieces: ``tasks check`` over the tasks not checked yet, for as
+long as a call lasts, and the rows it leaves gathered into the set's ``checks.parquet``.
+
+A set of thousands of tasks is more verdicts than one GPU call holds (one H200 judges ~10 tasks a
+minute with three lanes; 6,000 tasks are ~10 GPU-hours). Each call checks a random sample of the
+tasks still without a check (``--seed``), stops cleanly at ``--minutes`` (SIGTERM: the run keeps
+what it stored), and writes its rows as JSON lines; ``merge`` adds them to the data folder, where
+``synth_multi_gpu.py publish`` and ``cuda-agent synth card --checks`` read them.
+
+    # on the GPU machine (the data folder travels with the working tree)
+    python bench/dataset_check.py run --data data/ops-1k-h200 --minutes 8.5 --lanes-per-gpu 3 --out $OUT
+    # here, with the rows it returned
+    python bench/dataset_check.py merge --data data/ops-1k-h200 checks_*.jsonl
+
+``run`` writes ``checks_<time>.jsonl`` (one row per task it judged: status, error, the four baseline
+medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:
+counts, tasks a minute, median phases). A task whose check says nothing about it (``infra_error``,
+``harness_error``, e.g. the tasks the stop interrupted) is checked again by a later call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import Budget, check_medians, machine_details, tasks_check, write_json
+
+from cuda_agent.synth import checks
+
+
+def write_slice(data: Path, seed: int, folder: Path) -> tuple[Path, int]:
+    """The set's tasks without a check, in ``seed``'s order, as a Parquet of the set's own
+    columns; and how many there are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(data / "tasks.parquet")
+    left = checks.to_check(table.column("id").to_pylist(), checks.read(data / checks.CHECKS), seed)
+    position = {task: index for index, task in enumerate(table.column("id").to_pylist())}
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tasks.parquet"
+    pq.write_table(table.take(pa.array([position[task] for task in left], type=pa.int64())), path)
+    return path, len(left)
+
+
+def run(args: argparse.Namespace) -> None:
+    budget = Budget(args.minutes * 60)
+    stamp = int(time.time())
+    work = args.work / str(stamp)
+    tasks, left = write_slice(args.data, args.seed, work / "slice")
+    print(f"{left} tasks of {args.data} without a check; checking for {args.minutes:g} minutes", flush=True)
+    if not left:
+        return
+    run_dir = work / "check"
+    entry = tasks_check(tasks, ["--lanes-per-gpu", str(args.lanes_per_gpu)], run_dir, budget, args.gpus,
+                        args.work / "cache")
+    if entry["returncode"] == 2:  # bad usage: nothing ran
+        sys.exit(f"tasks check refused the run:\n{entry['stderr_tail']}")
+    rows = checks.rows_from_store(run_dir) if run_dir.exists() else []
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"checks_{stamp}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    finished = sorted(row["checked_at"] for row in rows if row["status"] not in checks.RETRIED)
+    summary: dict[str, Any] = {
+        "machine": machine_details(), "data": str(args.data), "lanes_per_gpu": args.lanes_per_gpu,
+        "left_before": left, "judged": len(finished), "counts": entry["counts"], "wall_s": entry["wall_s"],
+        "returncode": entry["returncode"], "tasks_per_min": 60 * len(finished) / entry["wall_s"],
+        "steady_tasks_per_min": (60 * (len(finished) - 1) / (finished[-1] - finished[0])
+                                 if len(finished) >= 3 else None),
+        **check_medians(entry["problems"]),
+    }
+    write_json(summary, args.out / f"dataset_check_{stamp}.json")
+    print(f"judged {len(finished)} ({entry['counts']}) in {entry['wall_s']:.0f} s: "
+          f"{summary['tasks_per_min']:.1f} tasks a minute", flush=True)
+
+
+def merge(args: argparse.Namespace) -> None:
+    rows: list[dict[str, Any]] = []
+    for path in args.rows:
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                sys.exit(f"{path}:{number}: not a JSON line ({exc.msg})")
+            missing = [column for column in ("task", "status", "checked_at") if column not in row]
+            if missing:
+                sys.exit(f"{path}:{number}: a check row needs {', '.join(missing)}")
+            rows.append(row)
+    numbers = checks.merge(args.data / checks.CHECKS, rows)
+    statuses: dict[str, int] = {}
+    for row in checks.read(args.data / checks.CHECKS).values():
+        statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+    print(f"{args.data / checks.CHECKS}: {numbers['added']} added, {numbers['replaced']} replaced; "
+          f"{numbers['rows']} tasks checked: {statuses}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    steps = parser.add_subparsers(dest="step", required=True)
+    check = steps.add_parser("run", help="check tasks without a check, for --minutes")
+    check.add_argument("--data", type=Path, required=True, help="the data folder (tasks.parquet, checks.parquet)")
+    check.add_argument("--minutes", type=float, default=8.5)
+    check.add_argument("--lanes-per-gpu", type=int, default=3)
+    check.add_argument("--gpus", default=None, help="GPUs to use, e.g. 0,1 (default: all visible)")
+    check.add_argument("--seed", type=int, default=0, help="the order the unchecked tasks are taken in")
+    check.add_argument("--work", type=Path, default=Path("/tmp/dataset-check"))
+    check.add_argument("--out", type=Path, required=True, help="where the rows and the summary are written")
+    gather = steps.add_parser("merge", help="add a run's rows to the data folder's checks.parquet")
+    gather.add_argument("--data", type=Path, required=True)
+    gather.add_argument("rows", type=Path, nargs="+", help="checks_*.jsonl files written by run")
+    args = parser.parse_args()
+    if not (args.data / "tasks.parquet").is_file():
+        parser.error(f"--data {args.data}: no tasks.parquet there (expected a published data folder)")
+    if args.step == "run":
+        run(args)
+    else:
+        merge(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""A dataset's self-check results, gathered over several ``tasks check`` runs.
+
+A set of thousands of tasks is judged in pieces: one GPU call checks a hundred or so, and a results
+store is tied to the task list and the folder it ran over. The data folder keeps what the card and
+the set need from all of them in one small file, ``checks.parquet``: one row per task (its latest
+check), with the verdict's status and error, the four baseline times, sizes, the verdict's
+seconds, the device and when. ``tasks check``'s stores are read here; :func:`merge` adds a run's rows.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+CHECKS = "checks.parquet"
+COLUMNS = ("task", "status", "error", "eager_ms", "compile_ms", "eager_tf32_on_ms", "compile_tf32_on_ms",
+           "input_gb", "output_gb", "verdict_s", "device", "checked_at")
+"""``eager_ms``/``compile_ms``: TF32 off, as the set's own columns; ``device``: the GPU (or CPU) model;
+``checked_at``: Unix seconds."""
+RETRIED = frozenset({"infra_error", "harness_error"})
+"""Statuses that say nothing about the task (the harness or its worker failed): checked again."""
+
+
+def rows_from_store(path: Path) -> list[dict[str, Any]]:
+    """One row per task of a ``tasks check`` results folder (or its ``results.sqlite``).
+
+    Raises:
+        ValueError: ``path`` holds no results store, or several runs (the message says which).
+    """
+    from cuda_agent.evaluate.store import ResultsStore, StoreError
+
+    try:
+        store = ResultsStore.open_existing(path)
+        try:
+            records = store.records(store.run().run_id)
+        finally:
+            store.close()
+    except StoreError as exc:
+        raise ValueError(str(exc)) from None
+    return [_row(record) for record in records]
+
+
+def _row(record: Any) -> dict[str, Any]:
+    verdict = record.verdict or {}
+    medians = {name: stats["median_ms"] for name, stats in (verdict.get("baselines") or {}).items()}
+    sizes = verdict.get("problem_bytes") or {}
+    environment = verdict.get("environment") or {}
+    return {"task": record.task_key, "status": record.status, "error": record.error,
+            "eager_ms": medians.get("eager_tf32_off"), "compile_ms": medians.get("compile_tf32_off"),
+            "eager_tf32_on_ms": medians.get("eager_tf32_on"), "compile_tf32_on_ms": medians.get("compile_tf32_on"),
+            "input_gb": _gb(sizes.get("input_bytes")), "output_gb": _gb(sizes.get("output_bytes")),
+            "verdict_s": (verdict.get("phase_seconds") or {}).get("total"),
+            "device": environment.get("gpu") or environment.get("cpu"), "checked_at": record.finished_at}
+
+
+def _gb(nbytes: int | None) -> float | None:
+    return None if nbytes is None else nbytes / 1e9
+
+
+def read(path: Path) -> dict[str, dict[str, Any]]:
+    """The rows of a ``checks.parquet`` by task; empty when there is no such file.
+
+    Raises:
+        ValueError: the file is not a checks file (the message names it and the missing columns).
+    """
+    if not path.exists():
+        return {}
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    missing = [column for column in COLUMNS if column not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: not a checks file (missing columns {', '.join(missing)}; "
+                         f"expected {', '.join(COLUMNS)})")
+    return {row["task"]: row for row in table.select(list(COLUMNS)).to_pylist()}
+
+
+def merge(path: Path, rows: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """Add ``rows`` to the checks file at ``path`` (made if absent): a task's later check replaces
+    its earlier one. Returns how many rows were added, replaced, and are in the file now."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kept = read(path)
+    added = replaced = 0
+    for row in rows:
+        earlier = kept.get(row["task"])
+        if earlier is not None and earlier["checked_at"] >= row["checked_at"]:
+            continue
+        added, replaced = added + (earlier is None), replaced + (earlier is not None)
+        kept[row["task"]] = {column: row.get(column) for column in COLUMNS}
+    table = pa.Table.from_pylist([kept[task] for task in sorted(kept)], schema=_schema())
+    temporary = path.with_suffix(".parquet.tmp")
+    pq.write_table(table, temporary)
+    temporary.replace(path)  # a stopped merge leaves the previous file whole
+    return {"added": added, "replaced": replaced, "rows": len(kept)}
+
+
+def to_check(ids: Sequence[str], checks: dict[str, dict[str, Any]], seed: int = 0) -> list[str]:
+    """The tasks of ``ids`` without a check that says something about them, in an order drawn with
+    ``seed``: a check stopped part-way has then judged a random sample of what was left."""
+    left = [task for task in ids if task not in checks or checks[task]["status"] in RETRIED]
+    random.Random(seed).shuffle(left)
+    return left
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    text, number = pa.string(), pa.float64()
+    return pa.schema([(column, text if column in ("task", "status", "error", "device") else number)
+                      for column in COLUMNS])
+
