@@ -35,8 +35,9 @@ from cuda_agent.pool import BACKENDS, PoolConfig, PoolConfigError
 EXIT_INCOMPLETE = 1
 
 
-LANES_PER_GPU_HELP = ("Evaluations at once on each GPU (local backend): above 1 they overlap their host work and "
-                      "take turns on the GPU for their device work; for problems far smaller than the GPU.")
+LANES_PER_GPU_HELP = ("Evaluations at once on each GPU (local backend): above 1 they overlap their host work, "
+                      "time with the GPU to themselves and share it for the rest; for problems far smaller than "
+                      "the GPU.")
 
 
 def _pool_config(backend: str, address: Optional[str], token: Optional[str], workers: int, gpus: Optional[str],

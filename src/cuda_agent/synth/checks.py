@@ -1,10 +1,11 @@
 """A dataset's self-check results, gathered over several ``tasks check`` runs.
 
-A set of thousands of tasks is judged in pieces: one GPU call checks a hundred or so, and a results
-store is tied to the task list and the folder it ran over. The data folder keeps what the card and
-the set need from all of them in one small file, ``checks.parquet``: one row per task (its latest
-check), with the verdict's status and error, the four baseline times, sizes, the verdict's
-seconds, the device and when. ``tasks check``'s stores are read here; :func:`merge` adds a run's rows.
+A set of thousands of tasks is judged in pieces (one 10-minute call on one H200 judges ~60), and
+a results store is tied to the task list and the folder it ran over. The data folder keeps what
+the card and the set need from all of them in one small file, ``checks.parquet``: one row per task
+(its latest check), with the verdict's status and error, the four baseline times, sizes, the
+verdict's seconds, the device and when. ``tasks check``'s stores are read here; :func:`merge` adds
+a run's rows.
 """
 
 from __future__ import annotations
