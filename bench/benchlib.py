@@ -218,6 +218,14 @@ def stored_selfcheck(out_dir: Path) -> dict[str, Any] | None:
     return {"problems": rows, "counts": dict(Counter(r["status"] for r in rows))}
 
 
+def check_rates(entry: dict[str, Any]) -> dict[str, float | None]:
+    """Tasks judged a minute over the pass's wall time, and between its first and last verdicts."""
+    finished = sorted(r["finished_at"] for r in entry["problems"] if r["phase_seconds"].get("total"))
+    steady = 60 * (len(finished) - 1) / (finished[-1] - finished[0]) if len(finished) >= 3 else None
+    return {"tasks_per_min": 60 * len(finished) / entry["wall_s"] if entry["wall_s"] else None,
+            "steady_tasks_per_min": steady}
+
+
 def check_medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """The median verdict and :func:`median_phases` over ``rows`` (tasks check's problems)."""
     timed = [row["phase_seconds"] for row in rows if row["phase_seconds"].get("total")]

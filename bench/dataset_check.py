@@ -24,10 +24,11 @@ import argparse
 import json
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchlib import Budget, check_medians, machine_details, tasks_check, write_json
+from benchlib import Budget, check_medians, check_rates, machine_details, tasks_check, write_json
 
 from cuda_agent.synth import checks
 
@@ -63,18 +64,15 @@ def run(args: argparse.Namespace) -> None:
     rows = checks.rows_from_store(run_dir) if run_dir.exists() else []
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"checks_{stamp}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    finished = sorted(row["checked_at"] for row in rows if row["status"] not in checks.RETRIED)
+    judged = sum(row["status"] not in checks.RETRIED for row in rows)
     summary: dict[str, Any] = {
         "machine": machine_details(), "data": str(args.data), "lanes_per_gpu": args.lanes_per_gpu,
-        "left_before": left, "judged": len(finished), "counts": entry["counts"], "wall_s": entry["wall_s"],
-        "returncode": entry["returncode"], "tasks_per_min": 60 * len(finished) / entry["wall_s"],
-        "steady_tasks_per_min": (60 * (len(finished) - 1) / (finished[-1] - finished[0])
-                                 if len(finished) >= 3 else None),
-        **check_medians(entry["problems"]),
+        "left_before": left, "judged": judged, "counts": entry["counts"], "wall_s": entry["wall_s"],
+        "returncode": entry["returncode"], **check_rates(entry), **check_medians(entry["problems"]),
     }
     write_json(summary, args.out / f"dataset_check_{stamp}.json")
-    print(f"judged {len(finished)} ({entry['counts']}) in {entry['wall_s']:.0f} s: "
-          f"{summary['tasks_per_min']:.1f} tasks a minute", flush=True)
+    print(f"judged {judged} ({entry['counts']}) in {entry['wall_s']:.0f} s: "
+          f"{summary['tasks_per_min'] or 0:.1f} tasks a minute", flush=True)
 
 
 def merge(args: argparse.Namespace) -> None:
@@ -92,9 +90,7 @@ def merge(args: argparse.Namespace) -> None:
                 sys.exit(f"{path}:{number}: a check row needs {', '.join(missing)}")
             rows.append(row)
     numbers = checks.merge(args.data / checks.CHECKS, rows)
-    statuses: dict[str, int] = {}
-    for row in checks.read(args.data / checks.CHECKS).values():
-        statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+    statuses = dict(Counter(row["status"] for row in checks.read(args.data / checks.CHECKS).values()))
     print(f"{args.data / checks.CHECKS}: {numbers['added']} added, {numbers['replaced']} replaced; "
           f"{numbers['rows']} tasks checked: {statuses}")
 

@@ -28,21 +28,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchlib import Budget, check_medians, machine_details, sample_task_files, tasks_check, write_json
+from benchlib import Budget, check_medians, check_rates, machine_details, sample_task_files, tasks_check, write_json
 
 
 def _fresh_caches(run: Path) -> dict[str, str]:
     """Environment that gives a pass inductor and Triton caches of its own, inside its run folder."""
     (run / "tmp").mkdir(parents=True, exist_ok=True)
     return {"TMPDIR": str(run / "tmp"), "TRITON_CACHE_DIR": str(run / "triton")}
-
-
-def _rates(entry: dict[str, Any]) -> dict[str, float | None]:
-    """Tasks judged a minute over the pass's wall time, and between its first and last verdicts."""
-    finished = sorted(r["finished_at"] for r in entry["problems"] if r["phase_seconds"].get("total"))
-    steady = 60 * (len(finished) - 1) / (finished[-1] - finished[0]) if len(finished) >= 3 else None
-    return {"tasks_per_min": 60 * len(finished) / entry["wall_s"] if entry["wall_s"] else None,
-            "steady_tasks_per_min": steady}
 
 
 def _agreement(rows: list[dict[str, Any]], reference: list[dict[str, Any]]) -> dict[str, Any]:
@@ -84,7 +76,7 @@ def main() -> None:
     for lanes in args.lanes:
         entry = tasks_check(sample, ["--lanes-per-gpu", str(lanes)], args.work / f"lanes{lanes}", Budget(args.pass_s),
                             args.gpus, args.work / f"cache{lanes}", _fresh_caches(args.work / f"lanes{lanes}"))
-        entry.update(_rates(entry), **check_medians(entry["problems"]))
+        entry.update(check_rates(entry), **check_medians(entry["problems"]))
         result["runs"][f"lanes{lanes}"] = entry
         one = result["runs"]["lanes1"]
         if lanes != 1:

@@ -44,20 +44,16 @@ def rows_from_store(path: Path) -> list[dict[str, Any]]:
 
 
 def _row(record: Any) -> dict[str, Any]:
-    verdict = record.verdict or {}
-    medians = {name: stats["median_ms"] for name, stats in (verdict.get("baselines") or {}).items()}
-    sizes = verdict.get("problem_bytes") or {}
-    environment = verdict.get("environment") or {}
-    return {"task": record.task_key, "status": record.status, "error": record.error,
+    from cuda_agent.evaluate.cli import selfcheck_row
+
+    row = selfcheck_row(record)
+    medians = row["baseline_ms"]
+    environment = (record.verdict or {}).get("environment") or {}
+    return {"task": row["task"], "status": row["status"], "error": row["error"],
             "eager_ms": medians.get("eager_tf32_off"), "compile_ms": medians.get("compile_tf32_off"),
             "eager_tf32_on_ms": medians.get("eager_tf32_on"), "compile_tf32_on_ms": medians.get("compile_tf32_on"),
-            "input_gb": _gb(sizes.get("input_bytes")), "output_gb": _gb(sizes.get("output_bytes")),
-            "verdict_s": (verdict.get("phase_seconds") or {}).get("total"),
-            "device": environment.get("gpu") or environment.get("cpu"), "checked_at": record.finished_at}
-
-
-def _gb(nbytes: int | None) -> float | None:
-    return None if nbytes is None else nbytes / 1e9
+            "input_gb": row["input_gb"], "output_gb": row["output_gb"], "verdict_s": row["phase_seconds"].get("total"),
+            "device": environment.get("gpu") or environment.get("cpu"), "checked_at": row["finished_at"]}
 
 
 def read(path: Path) -> dict[str, dict[str, Any]]:
