@@ -21,7 +21,9 @@ Then here, on the CPU machine:
 continues the run from the repository: ``build --state data/ops-<N>k-<gpu>/ops-state.tar.gz``
 (then ``git rm`` the smaller folder the next ``publish`` supersedes). The set's self-check so far
 (``checks.parquet``, gathered by ``bench/dataset_check.py``) goes along: from ``--checks``, or from
-beside ``--state``; the card counts it.
+beside ``--state``. It is applied first (``synth apply-checks``): the tasks whose check did not come
+out ``correct`` leave the set, the ``correct`` ones take the check's eager and compile times; the
+card counts both.
 
 Expected durations and why:
 
@@ -73,7 +75,7 @@ from cuda_agent.synth.devices import lane_devices
 from cuda_agent.synth.filter import FilterConfig
 from cuda_agent.synth.full_card import make_card
 from cuda_agent.synth.mining import load_catalogue, mine_seed_ops, save_catalogue
-from cuda_agent.synth.pipeline import RunConfig, RunStatus, decontaminate_dataset, run
+from cuda_agent.synth.pipeline import RunConfig, RunStatus, apply_checks, decontaminate_dataset, run
 from cuda_agent.synth.records import SEED_OPS
 
 STATE_FILES = (META, JOURNAL, COMPOSED, RUNS, SEED_OPS)
@@ -215,6 +217,10 @@ def gpu_slug(work: Path) -> str:
 
 
 def publish(args: argparse.Namespace, work: Path) -> None:
+    if args.checks is not None and not args.checks.is_file():
+        sys.exit(f"--checks {args.checks}: no such file (expected a {CHECKS} written by bench/dataset_check.py merge)")
+    checks = args.checks or args.state.parent / CHECKS  # the set's self-check so far stays with it
+    checks_data = checks.read_bytes() if checks.is_file() else None  # read first: it may lie in the target
     catalogue = load_catalogue(work / SEED_OPS)
     if args.benchmark is not None:
         numbers = decontaminate_dataset(work, args.benchmark)
@@ -222,6 +228,10 @@ def publish(args: argparse.Namespace, work: Path) -> None:
     else:
         with DatasetWriter.reopen(work) as writer:
             writer.finalize({op.name: op.family for op in catalogue.ops})
+    if checks_data is not None:
+        numbers = apply_checks(work, checks)
+        print(f"self-check ({checks}): withdrew {numbers['withdrawn']} tasks that did not come out correct, "
+              f"new times for {numbers['retimed']}")
     (work / "tasks.jsonl").unlink(missing_ok=True)  # the published set is Parquet only (its card says which files)
     tasks = stats(work)["tasks"]
     name = args.name or f"ops-{tasks // 1000}k-{gpu_slug(work)}"
@@ -236,11 +246,8 @@ def publish(args: argparse.Namespace, work: Path) -> None:
         os.unlink(stale)
     for index, data in enumerate(parts):
         (target / (ARCHIVE if len(parts) == 1 else f"{ARCHIVE}.part{index}")).write_bytes(data)
-    if args.checks is not None and not args.checks.is_file():
-        sys.exit(f"--checks {args.checks}: no such file (expected a {CHECKS} written by bench/dataset_check.py merge)")
-    checks = args.checks or args.state.parent / CHECKS  # the set's self-check so far stays with it
-    if checks.is_file() and checks.resolve() != (target / CHECKS).resolve():
-        shutil.copy2(checks, target / CHECKS)
+    if checks_data is not None:
+        (target / CHECKS).write_bytes(checks_data)
     make_card(work, target / "README.md", benchmark=args.benchmark,
               checks=target / CHECKS if (target / CHECKS).is_file() else None)
     write_sample(target, min(200, tasks), REPO / "examples" / "data" / f"{name}-sample")

@@ -31,10 +31,10 @@ def test_later_checks_replace_earlier_ones_and_only_telling_ones_count_as_checke
     assert sorted(checks.to_check(["a", "b", "c", "d", "e"], stored)) == ["d", "e"]
     assert checks.to_check(list("abcdefgh"), {}, seed=1) == checks.to_check(list("abcdefgh"), {}, seed=1)
     assert checks.to_check(list("abcdefgh"), {}, seed=1) != checks.to_check(list("abcdefgh"), {}, seed=2)
-    card = read_checks(path, ["a", "b", "c", "x"])
+    card = read_checks(path, {"a": (2.0, 1.0), "b": (2.0, 7.0), "c": (2.0, 1.0), "x": (2.0, 1.0)})
     assert card == {"path": "checks.parquet", "checked": 3, "correct": 2,
-                    "statuses": {"correct": 2, "task_error": 1}, "not_checked": 1,
-                    "failed": [{"task": "c", "status": "task_error", "error": "why"}]}
+                    "statuses": {"correct": 2, "task_error": 1}, "not_checked": 1, "timed_by_check": 1,
+                    "failed": [{"task": "c", "status": "task_error", "error": "why"}], "withdrawn": []}
     section = _checks_section(card)
     assert "2 of 3 checked tasks are `correct`; 1 tasks of the set have no result" in section
     assert "| `c` | task_error | why |" in section

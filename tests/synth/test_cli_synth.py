@@ -74,6 +74,8 @@ def test_card_of_the_bundled_sample_says_what_it_cannot_know(cli, cli_env, tmp_p
     (("decontaminate", "{examples}/data/synth-h100-sample", "--benchmark", "{tmp}", "--similarity", "2"),
      "--similarity must be in (0, 1]"),
     (("sample", "{examples}/data/synth-h100-sample", "--n", "201", "--out", "{tmp}/s"), "between 1 and the 200 tasks"),
+    (("apply-checks", "{examples}/data/synth-h100-sample", "--checks", "{tmp}/checks.parquet"),
+     "checks.parquet: no such file"),
     (("card", "{tmp}/missing"), "not a dataset directory"),
     (("card", "{examples}/data/synth-h100-sample", "--out", "{tmp}/c.md", "--checks", "{tmp}"), "no results store"),
     (("run", "--n", "2", "--out", "{tmp}", "--device", "cpu", "--devices", "gpu0"), "lane groups named cpu or cpu:<k>"),

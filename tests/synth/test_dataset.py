@@ -150,6 +150,9 @@ def test_corrupt_journal_line_is_reported_with_its_number(tmp_path: Path) -> Non
     (tmp_path / JOURNAL).write_text("\n".join([lines[0], "{not json", lines[1]]) + "\n")
     with pytest.raises(DatasetError, match=rf"{JOURNAL}:2: invalid JSON"):
         DatasetWriter.open(tmp_path, INFO)
+    (tmp_path / JOURNAL).write_text("\n".join([lines[0], '{"retimed": {"id": "x", "eager_ms": "fast"}}']) + "\n")
+    with pytest.raises(DatasetError, match=rf"{JOURNAL}:2: invalid retimed entry \(expected id, eager_ms and compile_ms"):
+        DatasetWriter.open(tmp_path, INFO)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

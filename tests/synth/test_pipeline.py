@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.synth import pipeline
-from cuda_agent.synth.dataset import read_dataset, stats
+from cuda_agent.synth.dataset import DatasetWriter, read_dataset, stats
 from cuda_agent.synth.filter import FilterConfig
 from cuda_agent.synth.records import TaskRecord
 
@@ -234,11 +234,47 @@ def test_the_full_card_reports_every_section_from_the_run_records(uninterrupted:
         "activation": (4, 3), "elementwise": (2, 2)}
     assert numbers["diversity"]["op_sequences"] == 5 and numbers["diversity"]["clusters"] == 0
     assert numbers["checks"] == {"path": str(checks), "checked": 3, "correct": 2,
-                                 "statuses": {"correct": 2, "task_error": 1}, "not_checked": 2,
-                                 "failed": [{"task": ids[2], "status": "task_error", "error": None}]}
+                                 "statuses": {"correct": 2, "task_error": 1}, "not_checked": 2, "timed_by_check": 0,
+                                 "failed": [{"task": ids[2], "status": "task_error", "error": None}], "withdrawn": []}
     assert numbers["decontamination"]["levels"] == {"level1": {"files": 1, "withdrawn": 0, "matches_now": 1,
                                                                "close": 0}}  # the exp task copies 1_Exp.py
     assert "| filter: eager-error | 1 |" in card and "| compose: composer-failed | 1 |" in card
     for heading in ("How it was made", "Fused operators per task", "Input sizes", "Operator families and coverage",
                     "Diversity", "Filter funnel", "Judged-ready", "Decontamination", "differences from CUDA-Agent"):
         assert heading in card
+
+
+def test_a_sets_self_check_withdraws_the_tasks_it_fails_and_gives_the_rest_its_times(uninterrupted: Path,
+                                                                                     tmp_path: Path) -> None:
+    from cuda_agent.synth import checks
+    from cuda_agent.synth.full_card import make_card
+
+    out = tmp_path / "dataset"
+    shutil.copytree(uninterrupted, out)
+    ids = sorted(record.id for record in read_dataset(out))
+    row = {"error": None, "eager_tf32_on_ms": 1.0, "compile_tf32_on_ms": 1.0, "input_gb": 0.1, "output_gb": 0.1,
+           "verdict_s": 5.0, "device": "NVIDIA H200", "checked_at": 1.0}
+    checks.merge(out / checks.CHECKS, [
+        {**row, "task": ids[0], "status": "correct", "eager_ms": 12.5, "compile_ms": 3.25},
+        {**row, "task": ids[1], "status": "task_error", "error": "its output's shape depends on rounding\nmore",
+         "eager_ms": None, "compile_ms": None},
+        {**row, "task": ids[2], "status": "infra_error", "error": "the worker died", "eager_ms": None, "compile_ms": None},
+        {**row, "task": "not-in-the-set", "status": "correct", "eager_ms": 1.0, "compile_ms": 1.0}])
+    numbers = pipeline.apply_checks(out, out / checks.CHECKS)
+    assert (numbers["withdrawn"], numbers["retimed"], numbers["tasks"]) == (1, 1, 4)
+    assert numbers["rejected"]["self_check"] == {"task_error": 1}
+    by_id = {record.id: record for record in read_dataset(out)}
+    assert ids[1] not in by_id and ids[2] in by_id  # a worker's failure is not held against its task
+    assert (by_id[ids[0]].eager_ms, by_id[ids[0]].compile_ms) == (12.5, 3.25)
+    again = pipeline.apply_checks(out, out / checks.CHECKS)  # nothing new: nothing journaled
+    assert (again["withdrawn"], again["retimed"], again["tasks"]) == (0, 0, 4)
+    with DatasetWriter.reopen(out) as writer:  # a later call's finalize replays the journal: the times stay
+        writer.finalize(writer.families())
+    kept = {record.id: record for record in read_dataset(out)}
+    assert kept[ids[0]].eager_ms == 12.5 and ids[1] not in kept
+    card = make_card(out, checks=out / checks.CHECKS, plots=False)["checks"]
+    assert card["timed_by_check"] == 1 and card["failed"] == [{"task": ids[2], "status": "infra_error",
+                                                               "error": "the worker died"}]
+    assert card["withdrawn"] == [{"task": ids[1], "status": "task_error",
+                                  "error": "its output's shape depends on rounding\nmore"}]
+    assert "Withdrawn by their check" in (out / "README.md").read_text()

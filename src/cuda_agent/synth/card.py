@@ -214,19 +214,26 @@ def _checks_section(checks: Mapping[str, Any] | None) -> str:
         return ("## Judged-ready (`tasks check`)\n\nNot run on this set: no `tasks check` results were given "
                 "(`cuda-agent synth card DIR --checks RESULTS`).\n")
     rows = sorted(checks["statuses"].items())
+    withdrawn = checks["withdrawn"]
     return (f"## Judged-ready (`tasks check`)\n\nEach task's reference run as its own candidate through the full "
             f"verdict (`{checks['path']}`): {checks['correct']} of {checks['checked']} checked tasks are `correct`; "
-            f"{checks['not_checked']} tasks of the set have no result.\n\n" + _table(("status", "tasks"), rows) + "\n"
-            + _failed_checks(checks.get("failed", [])))
+            f"{checks['not_checked']} tasks of the set have no result. "
+            f"{len(withdrawn)} checked tasks that did not come out `correct` were withdrawn from the set "
+            f"(`cuda-agent synth apply-checks`; journaled as `self_check` rejections). The `eager_ms` and "
+            f"`compile_ms` of {checks['timed_by_check']} tasks are their check's (the verdict's timing "
+            "protocol, TF32 off); the rest are the synthesis filter's.\n\n"
+            + _table(("status", "tasks"), rows) + "\n"
+            + _failed_checks("Not `correct`, in the set", checks["failed"])
+            + _failed_checks("Withdrawn by their check", withdrawn))
 
 
-def _failed_checks(failed: Sequence[Mapping[str, Any]]) -> str:
-    """The checked tasks that are not ``correct``, each with the first line of its error."""
+def _failed_checks(title: str, failed: Sequence[Mapping[str, Any]]) -> str:
+    """Checked tasks that are not ``correct``, each with the first line of its error."""
     if not failed:
         return ""
     rows = [(f"`{row['task']}`", row["status"], next(iter((row["error"] or "").splitlines()), "")[:160].replace("|", "\\|"))
             for row in failed]
-    return "\nNot `correct`:\n\n" + _table(("task", "status", "error (first line)"), rows) + "\n"
+    return f"\n{title}:\n\n" + _table(("task", "status", "error (first line)"), rows) + "\n"
 
 
 def _decontamination_section(report: Mapping[str, Any]) -> str:

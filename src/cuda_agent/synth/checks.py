@@ -5,7 +5,9 @@ a results store is tied to the task list and the folder it ran over. The data fo
 the card and the set need from all of them in one small file, ``checks.parquet``: one row per task
 (its latest check), with the verdict's status and error, the four baseline times, sizes, the
 verdict's seconds, the device and when. ``tasks check``'s stores are read here; :func:`merge` adds
-a run's rows.
+a run's rows. A set takes its checks in with :func:`cuda_agent.synth.pipeline.apply_checks`: the
+tasks whose check says they cannot be judged leave it (:func:`rejection`), the others take the
+check's baseline times (:func:`times`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from cuda_agent.synth.records import Rejection
+
 CHECKS = "checks.parquet"
 COLUMNS = ("task", "status", "error", "eager_ms", "compile_ms", "eager_tf32_on_ms", "compile_tf32_on_ms",
            "input_gb", "output_gb", "verdict_s", "device", "checked_at")
@@ -22,6 +26,8 @@ COLUMNS = ("task", "status", "error", "eager_ms", "compile_ms", "eager_tf32_on_m
 ``checked_at``: Unix seconds."""
 RETRIED = frozenset({"infra_error", "harness_error"})
 """Statuses that say nothing about the task (the harness or its worker failed): checked again."""
+STAGE = "self_check"
+"""The journal stage of a task withdrawn by its check (its reason: the verdict's status)."""
 
 
 def rows_from_store(path: Path) -> list[dict[str, Any]]:
@@ -54,6 +60,20 @@ def _row(record: Any) -> dict[str, Any]:
             "eager_tf32_on_ms": medians.get("eager_tf32_on"), "compile_tf32_on_ms": medians.get("compile_tf32_on"),
             "input_gb": row["input_gb"], "output_gb": row["output_gb"], "verdict_s": row["phase_seconds"].get("total"),
             "device": environment.get("gpu") or environment.get("cpu"), "checked_at": row["finished_at"]}
+
+
+def load(path: Path) -> dict[str, dict[str, Any]]:
+    """The rows by task of a ``checks.parquet`` or of one ``tasks check`` results folder (or its
+    ``results.sqlite``).
+
+    Raises:
+        ValueError: ``path`` is neither (the message names it and says why).
+    """
+    if path.suffix == ".parquet":
+        if not path.is_file():
+            raise ValueError(f"{path}: no such file (expected a {CHECKS} written by bench/dataset_check.py merge)")
+        return read(path)
+    return {row["task"]: row for row in rows_from_store(path)}
 
 
 def read(path: Path) -> dict[str, dict[str, Any]]:
@@ -101,6 +121,24 @@ def to_check(ids: Sequence[str], checks: dict[str, dict[str, Any]], seed: int = 
     left = [task for task in ids if task not in checks or checks[task]["status"] in RETRIED]
     random.Random(seed).shuffle(left)
     return left
+
+
+def failed(row: dict[str, Any]) -> bool:
+    """The check says the task itself cannot be judged: any status but ``correct`` and those of
+    :data:`RETRIED`."""
+    return row["status"] != "correct" and row["status"] not in RETRIED
+
+
+def rejection(row: dict[str, Any]) -> Rejection:
+    """The journal entry that withdraws a :func:`failed` task from its set."""
+    return Rejection(row["task"], STAGE, row["status"], next(iter((row["error"] or "").splitlines()), ""))
+
+
+def times(rows: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """``(eager_ms, compile_ms)`` (TF32 off) by task, of the ``correct`` checks that timed both:
+    the verdict's protocol on the checking GPU, which the set's own columns then report."""
+    return {task: (row["eager_ms"], row["compile_ms"]) for task, row in rows.items()
+            if row["status"] == "correct" and row["eager_ms"] is not None and row["compile_ms"] is not None}
 
 
 def _schema() -> Any:

@@ -334,6 +334,27 @@ def decontaminate_command(
     console.print(f"withdrawn now: {numbers['withdrawn']} near-copies of {benchmark}")
 
 
+@synth_app.command("apply-checks")
+def apply_checks_command(
+    dataset: Path = typer.Argument(..., help="Dataset directory (from `synth run`, with its journal)."),
+    checks: Path = typer.Option(..., help="The set's checks.parquet (bench/dataset_check.py merge), or one "
+                                          "`cuda-agent tasks check --out` folder of this set."),
+) -> None:
+    """Take the set's self-check in: withdraw the tasks whose check did not come out `correct` (a
+    worker or harness failure is not held against a task), and give the `correct` ones the check's
+    eager and compile times. Measures nothing; applying the same checks again changes nothing."""
+    from cuda_agent.synth.dataset import DatasetError
+    from cuda_agent.synth.pipeline import apply_checks
+
+    try:
+        numbers = apply_checks(dataset, checks)
+    except (DatasetError, OSError, ValueError) as exc:
+        fail_usage(str(exc))
+    _print_stats(numbers, dataset)
+    console.print(f"withdrawn now: {numbers['withdrawn']} tasks that did not come out correct; "
+                  f"new times for {numbers['retimed']} tasks")
+
+
 @synth_app.command("sample")
 def sample_command(
     dataset: Path = typer.Argument(..., help="Dataset directory, or its tasks.parquet / tasks.jsonl."),
@@ -359,8 +380,8 @@ def card_command(
                                                   "histogram PNGs go beside it."),
     benchmark: Optional[Path] = typer.Option(None, help="Benchmark folder for the decontamination report (e.g. "
                                                         "KernelBench/KernelBench: one row per level)."),
-    checks: Optional[Path] = typer.Option(None, help="`cuda-agent tasks check --out` folder of this set: its counts "
-                                                     "go into the card."),
+    checks: Optional[Path] = typer.Option(None, help="The set's checks.parquet, or one `cuda-agent tasks check --out` "
+                                                     "folder of this set: its counts go into the card."),
     similarity: float = _FILTER_OPTIONS["similarity"],
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the histograms (needs matplotlib)."),
 ) -> None:

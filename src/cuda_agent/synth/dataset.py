@@ -3,8 +3,8 @@ JSONL and a dataset card, and the readers for all of them.
 
 A dataset directory holds:
 
-- ``journal.jsonl`` — every decision (accepted row, or rejected id with stage and reason),
-  appended and fsync'd once per batch. It is the source of truth: a crash or Ctrl-C loses at most
+- ``journal.jsonl`` — every decision (accepted row, or rejected id with stage and reason; later,
+  a task's baseline times measured again by its self-check), appended and fsync'd once per batch. It is the source of truth: a crash or Ctrl-C loses at most
   the batch being written, and a torn last line is cut off when the directory is reopened.
 - ``meta.json`` — the run's :class:`DatasetInfo`, fixed when the directory is created, so that a
   resumed run cannot silently mix settings (device, eager window, torch version).
@@ -186,6 +186,8 @@ def read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
             raise DatasetError(f"{origin}: invalid JSON ({exc.msg}); the journal is corrupt") from None
         if isinstance(entry, dict) and "accepted" in entry:
             accepted.append(_record(entry["accepted"], origin))
+        elif isinstance(entry, dict) and isinstance(entry.get("retimed"), dict):
+            accepted = _retimed(accepted, entry["retimed"], origin)
         elif isinstance(entry, dict) and isinstance(entry.get("rejected"), dict):
             try:
                 rejection = Rejection(**entry["rejected"])
@@ -195,14 +197,26 @@ def read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
                 accepted = [record for record in accepted if record.id != rejection.id]
             rejected.append(rejection)
         else:
-            raise DatasetError(f"{origin}: expected {{'accepted': row}} or {{'rejected': ...}}")
+            raise DatasetError(f"{origin}: expected {{'accepted': row}}, {{'rejected': ...}} or {{'retimed': ...}}")
     return accepted, rejected
 
 
+WITHDRAWING_STAGES = frozenset({"decontaminate", "self_check"})
+"""Stages whose rejection also removes a task accepted earlier: a benchmark given when a run is
+resumed applies to the whole dataset, and so does a task's self-check (``synth/checks.py``)."""
+
+
 def _withdraws(rejection: Rejection, accepted: Iterable[TaskRecord]) -> bool:
-    """A de-contamination drop of a task accepted earlier: a benchmark given when a run is resumed
-    applies to the whole dataset, so that task leaves it."""
-    return rejection.stage == "decontaminate" and any(record.id == rejection.id for record in accepted)
+    return rejection.stage in WITHDRAWING_STAGES and any(record.id == rejection.id for record in accepted)
+
+
+def _retimed(accepted: list[TaskRecord], entry: Mapping[str, Any], origin: str) -> list[TaskRecord]:
+    """``accepted`` with one task's ``eager_ms``/``compile_ms`` replaced by a ``retimed`` entry."""
+    if not (isinstance(entry.get("id"), str) and _is_number(entry.get("eager_ms"))
+            and _is_number(entry.get("compile_ms"))):
+        raise DatasetError(f"{origin}: invalid retimed entry (expected id, eager_ms and compile_ms)")
+    return [dataclasses.replace(record, eager_ms=entry["eager_ms"], compile_ms=entry["compile_ms"])
+            if record.id == entry["id"] else record for record in accepted]
 
 
 class DatasetWriter:
@@ -210,8 +224,8 @@ class DatasetWriter:
 
     Use :meth:`open`; it resumes an existing directory. Each id is decided once: later decisions
     for an id already in the journal are ignored, so re-feeding a batch after a crash is harmless.
-    The one exception is de-contamination, which also withdraws tasks accepted before a benchmark
-    was given.
+    The exceptions are the :data:`WITHDRAWING_STAGES` (de-contamination, the self-check), which
+    also withdraw tasks accepted earlier.
     """
 
     def __init__(self, directory: Path, info: DatasetInfo, created: str,
@@ -329,11 +343,29 @@ class DatasetWriter:
                 self._decided.add(entry.id)
                 self._rejected.append(entry)
                 lines.append({"rejected": dataclasses.asdict(entry), **(note or {})})
+        self._write(lines)
+
+    def _write(self, lines: list[dict[str, Any]]) -> None:
+        """Append journal lines with one write and one fsync."""
         if lines:
             self._journal.write(b"".join(json.dumps(line, ensure_ascii=False).encode() + b"\n"
                                          for line in lines))
             self._journal.flush()
             os.fsync(self._journal.fileno())
+
+    def retime(self, times: Mapping[str, tuple[float, float]]) -> int:
+        """Journal new ``(eager_ms, compile_ms)`` for accepted tasks (e.g. from their self-check), so
+        that every later :meth:`finalize` writes them. Returns how many tasks changed: times equal to
+        the stored ones add nothing, so applying the same checks again is free."""
+        lines, by_id = [], {record.id: index for index, record in enumerate(self._accepted)}
+        for task, (eager_ms, compile_ms) in times.items():
+            index = by_id.get(task)
+            if index is None or (self._accepted[index].eager_ms, self._accepted[index].compile_ms) == (eager_ms, compile_ms):
+                continue
+            self._accepted[index] = dataclasses.replace(self._accepted[index], eager_ms=eager_ms, compile_ms=compile_ms)
+            lines.append({"retimed": {"id": task, "eager_ms": eager_ms, "compile_ms": compile_ms}})
+        self._write(lines)
+        return len(lines)
 
     def finalize(self, families: Mapping[str, str] | None = None) -> dict[str, Any]:
         """Write ``tasks.parquet`` (when pyarrow is installed), ``tasks.jsonl`` and the card.

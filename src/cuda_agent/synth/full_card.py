@@ -30,7 +30,7 @@ from typing import Any
 
 from cuda_agent.synth.card import render_card
 from cuda_agent.synth.card_plots import write_plots
-from cuda_agent.synth.checks import read as read_checks_file, rows_from_store
+from cuda_agent.synth.checks import failed, load as load_checks, times as check_times
 from cuda_agent.synth.dataset import CARD, COMPOSED, JOURNAL, RUNS, DatasetError, read_dataset, read_journal, stats
 from cuda_agent.synth.decontaminate import BenchmarkIndex, decontaminate, load_benchmark
 from cuda_agent.synth.diversity import family_coverage, near_duplicate_clusters, op_sequence_counts
@@ -77,7 +77,7 @@ def make_card(dataset: str | Path, out: str | Path | None = None, benchmark: str
     shapes = {task: size.shapes for task, size in sizes.items() if size is not None}
     numbers["diversity"] = diversity_numbers(records, shapes)
     numbers["coverage"] = _coverage(records, directory / SEED_OPS)
-    numbers["checks"] = None if checks is None else read_checks(Path(checks), [record.id for record in records])
+    numbers["checks"] = None if checks is None else read_checks(Path(checks), {record.id: (record.eager_ms, record.compile_ms) for record in records})
     if benchmark is not None:
         withdrawn = [entry for entry in (read_journal(directory / JOURNAL)[1] if (directory / JOURNAL).exists()
                                          else []) if entry.reason == "benchmark_match"]
@@ -212,22 +212,27 @@ def _part(name: str) -> str:
     return name.rsplit("/", 2)[-2] if "/" in name else "."
 
 
-def read_checks(path: Path, ids: Sequence[str]) -> dict[str, Any]:
-    """Counts of the set's self-check: per status, ``correct``, and the tasks of the set without a
-    result. ``path``: the set's ``checks.parquet`` (gathered from several runs, :mod:`checks`), or
-    one ``tasks check`` results folder.
+def read_checks(path: Path, tasks: Mapping[str, tuple[float | None, float | None]]) -> dict[str, Any]:
+    """Counts of the set's self-check: per status, ``correct``, the tasks of the set without a
+    result, the tasks of the set whose times are the check's, and the failing checks (those of
+    tasks still in the set, and those :func:`~cuda_agent.synth.pipeline.apply_checks` withdrew).
+    ``path``: the set's ``checks.parquet`` (gathered from several runs, :mod:`checks`), or one
+    ``tasks check`` results folder; ``tasks``: the set's ``(eager_ms, compile_ms)`` by task id.
 
     Raises:
         ValueError: ``path`` is neither (the message says why).
     """
     try:
-        results = (read_checks_file(path) if path.suffix == ".parquet"
-                   else {row["task"]: row for row in rows_from_store(path)})
+        results = load_checks(path)
     except ValueError as exc:
         raise ValueError(f"--checks: {exc}") from None
-    checked = [results[task] for task in ids if task in results]
+    checked = [results[task] for task in tasks if task in results]
+    times = check_times(results)
+    failing = [{key: row[key] for key in ("task", "status", "error")} for row in sorted(results.values(), key=lambda r: r["task"])
+               if row["status"] != "correct" and (row["task"] in tasks or failed(row))]
     return {"path": path.name if path.suffix == ".parquet" else str(path), "checked": len(checked),
             "correct": sum(row["status"] == "correct" for row in checked),
-            "statuses": dict(Counter(row["status"] for row in checked)), "not_checked": len(ids) - len(checked),
-            "failed": [{key: row[key] for key in ("task", "status", "error")} for row in checked
-                       if row["status"] != "correct"]}
+            "statuses": dict(Counter(row["status"] for row in checked)), "not_checked": len(tasks) - len(checked),
+            "timed_by_check": sum(times.get(task) == measured for task, measured in tasks.items()),
+            "failed": [row for row in failing if row["task"] in tasks],
+            "withdrawn": [row for row in failing if row["task"] not in tasks]}

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from cuda_agent.synth import checks
 from cuda_agent.synth.compose_workers import composer_lanes
 from cuda_agent.synth.dataset import COMPOSED, RUNS, DatasetInfo, DatasetWriter
 from cuda_agent.synth.decontaminate import BenchmarkIndex, decontaminate, load_benchmark
@@ -200,6 +201,31 @@ def decontaminate_dataset(out_dir: str | Path, benchmark: str | Path, similarity
         writer.append(rejected=[drop_rejection(drop) for drop in dropped])
         numbers = writer.finalize(writer.families())
     numbers["withdrawn"] = len(dropped)
+    return numbers
+
+
+def apply_checks(out_dir: str | Path, checks_path: str | Path) -> dict[str, Any]:
+    """Take a set's self-check into it: the tasks whose check says they cannot be judged are
+    withdrawn (journaled as ``self_check`` rejections, by status), and the ``correct`` ones take the
+    check's eager and compile times (TF32 off). Tasks without a check, or whose check said nothing
+    about them (``infra_error``, ``harness_error``), are left as they are. Measures nothing.
+
+    Returns:
+        The card's numbers, with ``withdrawn`` and ``retimed``: how many tasks this call removed and
+        gave new times.
+
+    Raises:
+        DatasetError: ``out_dir`` is not a dataset directory (with its journal).
+        ValueError: ``checks_path`` is neither a ``checks.parquet`` nor a ``tasks check`` results folder.
+    """
+    rows = checks.load(Path(checks_path))
+    with DatasetWriter.reopen(out_dir) as writer:
+        in_set = {record.id for record in writer.accepted}
+        withdrawn = [checks.rejection(row) for task, row in rows.items() if task in in_set and checks.failed(row)]
+        writer.append(rejected=withdrawn)
+        retimed = writer.retime(checks.times(rows))
+        numbers = writer.finalize(writer.families())
+    numbers["withdrawn"], numbers["retimed"] = len(withdrawn), retimed
     return numbers
 
 
