@@ -13,6 +13,11 @@ otherwise slow only the first pass.
     python bench/shared_gpu.py --tasks data/ops-1k-h200/tasks.parquet --n 80 --lanes 1 2 \\
         --pass-s 240 --out bench/results/shared_gpu_h200.json
 
+``--compile-threads default 1`` runs each lane count twice: with inductor's default code-generation
+processes in every reference worker (one per core) and with ``TORCHINDUCTOR_COMPILE_THREADS=1``
+(keys ``lanes<k>`` and ``lanes<k>_ct1``): on a host whose cores are the limit, fewer processes to
+start may judge more tasks a minute.
+
 Each pass is stopped (SIGTERM) after ``--pass-s`` seconds; a pass need not judge every task.
 Keys: ``runs.lanes<k>`` = the tasks-check summary (``tasks_per_min``: tasks judged over the pass's
 wall time, start-up included; ``steady_tasks_per_min``: between the first and the last verdict to
@@ -58,13 +63,19 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=60, help="tasks sampled from --tasks (fixed seed)")
     parser.add_argument("--lanes", nargs="+", type=int, default=[1, 2, 3], help="lanes per GPU to compare (1 first)")
     parser.add_argument("--warmup", type=int, default=3, help="tasks of the warm-up pass (0: none)")
+    parser.add_argument("--compile-threads", nargs="+", default=["default"],
+                        help="inductor code-generation processes per reference worker to compare: 'default' "
+                             "(one per core) and/or counts (TORCHINDUCTOR_COMPILE_THREADS)")
     parser.add_argument("--gpus", default=None, help="GPUs to use, e.g. 0 (default: all visible)")
     parser.add_argument("--work", type=Path, default=Path("/tmp/shared-gpu"))
     parser.add_argument("--pass-s", type=float, default=240, help="seconds each lane count runs for")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    if args.lanes[0] != 1:
-        parser.error("--lanes must start with 1: the other lane counts are compared with it")
+    if args.lanes[0] != 1 or args.compile_threads[0] != "default":
+        parser.error("--lanes must start with 1 and --compile-threads with default: the other passes are "
+                     "compared with that one")
+    if not all(threads == "default" or threads.isdigit() and int(threads) >= 1 for threads in args.compile_threads):
+        parser.error(f"--compile-threads: expected 'default' or counts >= 1, got {' '.join(args.compile_threads)}")
     sample = sample_task_files(args.tasks, args.n, args.work / "sample")
     result: dict[str, Any] = {"machine": machine_details(), "tasks": str(args.tasks), "n": args.n, "runs": {},
                               "speedup": {}, "agreement": {}}
@@ -74,20 +85,23 @@ def main() -> None:
                                        args.work / "cache_warmup",
                                        _fresh_caches(args.work / "warmup"))["counts"]
     for lanes in args.lanes:
-        entry = tasks_check(sample, ["--lanes-per-gpu", str(lanes)], args.work / f"lanes{lanes}", Budget(args.pass_s),
-                            args.gpus, args.work / f"cache{lanes}", _fresh_caches(args.work / f"lanes{lanes}"))
-        entry.update(check_rates(entry), **check_medians(entry["problems"]))
-        result["runs"][f"lanes{lanes}"] = entry
-        one = result["runs"]["lanes1"]
-        if lanes != 1:
-            result["speedup"][f"lanes{lanes}"] = {
-                rate: entry[rate] / one[rate] if entry[rate] and one[rate] else None
-                for rate in ("tasks_per_min", "steady_tasks_per_min")}
-            result["agreement"][f"lanes{lanes}"] = _agreement(entry["problems"], one["problems"])
-        print(f"lanes {lanes}: {entry['counts']} in {entry['wall_s']:.0f} s (exit {entry['returncode']}), "
-              f"{entry['tasks_per_min'] or 0:.1f} tasks/min, steady {entry['steady_tasks_per_min'] or 0:.1f}, "
-              f"median verdict {entry['median_verdict_s']} s", flush=True)
-        write_json(result, args.out)
+        for threads in args.compile_threads:
+            key = f"lanes{lanes}" if threads == "default" else f"lanes{lanes}_ct{threads}"
+            env = _fresh_caches(args.work / key) | ({} if threads == "default" else
+                                                    {"TORCHINDUCTOR_COMPILE_THREADS": threads})
+            entry = tasks_check(sample, ["--lanes-per-gpu", str(lanes)], args.work / key, Budget(args.pass_s),
+                                args.gpus, args.work / f"cache_{key}", env)
+            entry.update(check_rates(entry), **check_medians(entry["problems"]))
+            result["runs"][key] = entry
+            one = result["runs"]["lanes1"]
+            if key != "lanes1":
+                result["speedup"][key] = {rate: entry[rate] / one[rate] if entry[rate] and one[rate] else None
+                                          for rate in ("tasks_per_min", "steady_tasks_per_min")}
+                result["agreement"][key] = _agreement(entry["problems"], one["problems"])
+            print(f"{key}: {entry['counts']} in {entry['wall_s']:.0f} s (exit {entry['returncode']}), "
+                  f"{entry['tasks_per_min'] or 0:.1f} tasks/min, steady {entry['steady_tasks_per_min'] or 0:.1f}, "
+                  f"median verdict {entry['median_verdict_s']} s", flush=True)
+            write_json(result, args.out)
     print({k: result[k] for k in ("speedup", "agreement")})
 
 

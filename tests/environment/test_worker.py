@@ -221,9 +221,10 @@ def test_kill_and_close_are_idempotent(start_worker) -> None:
 def test_child_env_keeps_only_the_allow_list(monkeypatch) -> None:
     monkeypatch.setenv("CUDA_AGENT_TEST_SECRET", "s3cret")
     monkeypatch.setenv("PATH", "/usr/bin")
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env = child_env({"EXTRA": "1"})
     assert "CUDA_AGENT_TEST_SECRET" not in env
-    assert env["PATH"] == "/usr/bin" and env["EXTRA"] == "1"
+    assert env["PATH"] == "/usr/bin" and env["EXTRA"] == "1" and env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"
     assert Path(env["PYTHONPATH"], "cuda_agent", "__init__.py").is_file()
     assert env["PYTHONDONTWRITEBYTECODE"] == "1"
 

@@ -31,6 +31,7 @@ _ENV_KEEP = (
     "PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "USER", "LOGNAME",
     "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
     "CC", "CXX", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "TRITON_CACHE_DIR",
+    "TORCHINDUCTOR_COMPILE_THREADS",  # the baseline's torch.compile: inductor's code-generation processes
 )
 
 
