@@ -4,8 +4,9 @@ JSONL and a dataset card, and the readers for all of them.
 A dataset directory holds:
 
 - ``journal.jsonl`` — every decision (accepted row, or rejected id with stage and reason; later,
-  a task's baseline times measured again by its self-check), appended and fsync'd once per batch. It is the source of truth: a crash or Ctrl-C loses at most
-  the batch being written, and a torn last line is cut off when the directory is reopened.
+  a task's baseline times measured again by its self-check), appended and fsync'd once per batch.
+  It is the source of truth: a crash or Ctrl-C loses at most the batch being written, and a torn
+  last line is cut off when the directory is reopened.
 - ``meta.json`` — the run's :class:`DatasetInfo`, fixed when the directory is created, so that a
   resumed run cannot silently mix settings (device, eager window, torch version).
 - ``tasks.parquet`` / ``tasks.jsonl`` — the accepted rows, written by :meth:`DatasetWriter.finalize`
@@ -163,8 +164,8 @@ def _read_meta(path: Path) -> dict[str, Any]:
 
 
 def read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
-    """Replay a ``journal.jsonl``: the accepted tasks (withdrawals applied) and every rejection.
-    A torn last line (a crash mid-write) is cut off the file.
+    """Replay a ``journal.jsonl``: the accepted tasks (withdrawals and new times applied) and every
+    rejection. A torn last line (a crash mid-write) is cut off the file.
 
     Raises:
         DatasetError: a line is not a decision (naming the file and line).
@@ -178,6 +179,7 @@ def read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
             handle.truncate(len(complete))
             os.fsync(handle.fileno())
     accepted, rejected = [], []
+    times: dict[str, tuple[float, float]] = {}  # the latest retimed entry of each task
     for number, line in enumerate(complete.decode("utf-8").splitlines(), start=1):
         origin = f"{path}:{number}"
         try:
@@ -187,7 +189,7 @@ def read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
         if isinstance(entry, dict) and "accepted" in entry:
             accepted.append(_record(entry["accepted"], origin))
         elif isinstance(entry, dict) and isinstance(entry.get("retimed"), dict):
-            accepted = _retimed(accepted, entry["retimed"], origin)
+            times[entry["retimed"].get("id")] = _times(entry["retimed"], origin)
         elif isinstance(entry, dict) and isinstance(entry.get("rejected"), dict):
             try:
                 rejection = Rejection(**entry["rejected"])
@@ -198,6 +200,8 @@ def read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
             rejected.append(rejection)
         else:
             raise DatasetError(f"{origin}: expected {{'accepted': row}}, {{'rejected': ...}} or {{'retimed': ...}}")
+    accepted = [dataclasses.replace(record, eager_ms=times[record.id][0], compile_ms=times[record.id][1])
+                if record.id in times else record for record in accepted]
     return accepted, rejected
 
 
@@ -210,13 +214,12 @@ def _withdraws(rejection: Rejection, accepted: Iterable[TaskRecord]) -> bool:
     return rejection.stage in WITHDRAWING_STAGES and any(record.id == rejection.id for record in accepted)
 
 
-def _retimed(accepted: list[TaskRecord], entry: Mapping[str, Any], origin: str) -> list[TaskRecord]:
-    """``accepted`` with one task's ``eager_ms``/``compile_ms`` replaced by a ``retimed`` entry."""
+def _times(entry: Mapping[str, Any], origin: str) -> tuple[float, float]:
+    """``(eager_ms, compile_ms)`` of a ``retimed`` entry (see :meth:`DatasetWriter.retime`)."""
     if not (isinstance(entry.get("id"), str) and _is_number(entry.get("eager_ms"))
             and _is_number(entry.get("compile_ms"))):
         raise DatasetError(f"{origin}: invalid retimed entry (expected id, eager_ms and compile_ms)")
-    return [dataclasses.replace(record, eager_ms=entry["eager_ms"], compile_ms=entry["compile_ms"])
-            if record.id == entry["id"] else record for record in accepted]
+    return entry["eager_ms"], entry["compile_ms"]
 
 
 class DatasetWriter:
