@@ -8,9 +8,9 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
 ``synth_multi_gpu.py publish`` and ``cuda-agent synth card --checks`` read them.
 
     # on the GPU machine (the data folder travels with the working tree)
-    python bench/dataset_check.py run --data data/ops-1k-h200 --minutes 8.5 --lanes-per-gpu 3 --out $OUT
+    python bench/dataset_check.py run --data data/ops-2k-h200 --minutes 8.5 --lanes-per-gpu 3 --out $OUT
     # here, with the rows it returned
-    python bench/dataset_check.py merge --data data/ops-1k-h200 checks_*.jsonl
+    python bench/dataset_check.py merge --data data/ops-2k-h200 checks_*.jsonl
 
 ``run`` writes ``checks_<time>.jsonl`` (one row per task it judged: status, error, the four baseline
 medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:

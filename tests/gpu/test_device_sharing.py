@@ -85,6 +85,8 @@ def test_a_verdict_passes_tensors_device_to_device_across_the_sandbox(run_evalua
     if os.geteuid() == 0:
         assert verdict.environment["sandbox"].startswith("uid ")
     assert verdict.memory_mb["reference"]["peak_device_mb"] > 0 and verdict.memory_mb["candidate"]["peak_device_mb"] > 0
+    assert all(verdict.memory_mb[w]["peak_device_reserved_mb"] >= verdict.memory_mb[w]["peak_device_mb"]
+               for w in ("reference", "candidate"))
 
 
 def test_the_block_handed_over_holds_the_inputs_and_no_other_memory_of_the_sender() -> None:

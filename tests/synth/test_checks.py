@@ -31,13 +31,14 @@ def test_later_checks_replace_earlier_ones_and_only_telling_ones_count_as_checke
     assert sorted(checks.to_check(["a", "b", "c", "d", "e"], stored)) == ["d", "e"]
     assert checks.to_check(list("abcdefgh"), {}, seed=1) == checks.to_check(list("abcdefgh"), {}, seed=1)
     assert checks.to_check(list("abcdefgh"), {}, seed=1) != checks.to_check(list("abcdefgh"), {}, seed=2)
-    card = read_checks(path, {"a": (2.0, 1.0), "b": (2.0, 7.0), "c": (2.0, 1.0), "x": (2.0, 1.0)})
+    card = read_checks(path, {"a": (2.0, 1.0), "b": (2.0, 7.0), "c": (2.0, 1.0), "x": (2.0, 1.0)}, (1.0, 1.5))
     assert card == {"path": "checks.parquet", "checked": 3, "correct": 2,
                     "statuses": {"correct": 2, "task_error": 1}, "not_checked": 1, "timed_by_check": 1,
-                    "failed": [{"task": "c", "status": "task_error", "error": "why"}], "withdrawn": []}
+                    "failed": [{"task": "c", "status": "task_error", "error": "why"}], "withdrawn": [],
+                    "outside_window": [{"task": "a", "eager_ms": 2.0}, {"task": "b", "eager_ms": 2.0}]}
     section = _checks_section(card)
     assert "2 of 3 checked tasks are `correct`; 1 tasks of the set have no result" in section
-    assert "| `c` | task_error | why |" in section
+    assert "| `c` | task_error | why |" in section and "| `a` | 2 |" in section
 
 
 def test_a_file_that_is_not_a_checks_file_is_named_with_what_it_lacks(tmp_path: Path) -> None:
@@ -49,3 +50,16 @@ def test_a_file_that_is_not_a_checks_file_is_named_with_what_it_lacks(tmp_path: 
     with pytest.raises(ValueError, match=r"checks.parquet: not a checks file \(missing columns error, eager_ms"):
         checks.read(path)
     assert checks.read(tmp_path / "absent.parquet") == {}
+
+
+def test_a_checks_file_from_before_the_memory_columns_reads_them_as_unknown(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = tmp_path / checks.CHECKS
+    older = [column for column in checks.COLUMNS if column not in checks.LATER_COLUMNS]
+    pq.write_table(pa.Table.from_pylist([{column: _row("a", "correct", 1)[column] for column in older}]), path)
+    assert checks.read(path)["a"]["reference_device_gb"] is None
+    checks.merge(path, [{**_row("b", "correct", 2), "reference_device_gb": 2.5}])
+    stored = checks.read(path)
+    assert stored["a"]["eager_ms"] == 2.0 and stored["b"]["reference_device_gb"] == 2.5

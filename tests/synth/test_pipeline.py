@@ -235,7 +235,8 @@ def test_the_full_card_reports_every_section_from_the_run_records(uninterrupted:
     assert numbers["diversity"]["op_sequences"] == 5 and numbers["diversity"]["clusters"] == 0
     assert numbers["checks"] == {"path": str(checks), "checked": 3, "correct": 2,
                                  "statuses": {"correct": 2, "task_error": 1}, "not_checked": 2, "timed_by_check": 0,
-                                 "failed": [{"task": ids[2], "status": "task_error", "error": None}], "withdrawn": []}
+                                 "failed": [{"task": ids[2], "status": "task_error", "error": None}], "withdrawn": [],
+                                 "outside_window": []}
     assert numbers["decontamination"]["levels"] == {"level1": {"files": 1, "withdrawn": 0, "matches_now": 1,
                                                                "close": 0}}  # the exp task copies 1_Exp.py
     assert "| filter: eager-error | 1 |" in card and "| compose: composer-failed | 1 |" in card

@@ -660,8 +660,8 @@ class _Evaluation:
             if worker.idle:
                 try:
                     reported = worker.request({"op": "stats"}, 30)
-                    if isinstance(reported.get("peak_device_mb"), (int, float)):
-                        peak["peak_device_mb"] = float(reported["peak_device_mb"])
+                    peak.update({key: float(reported[key]) for key in ("peak_device_mb", "peak_device_reserved_mb")
+                                 if isinstance(reported.get(key), (int, float))})
                 except (WorkerError, RemoteError):
                     pass
             if peak:

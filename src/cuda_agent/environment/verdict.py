@@ -135,7 +135,8 @@ class Verdict:
     memory_mb: dict[str, dict[str, float]] = field(default_factory=dict)
     """Memory per worker (``reference``, ``candidate``): ``loaded_host_mb`` (resident once its code
     and model are loaded, before any input exists) and ``peak_host_mb`` (resident at its highest),
-    both read by the trusted parent, and on CUDA ``peak_device_mb`` (as the worker reports it)."""
+    both read by the trusted parent, and on CUDA ``peak_device_mb`` and ``peak_device_reserved_mb``
+    (allocated and held from the device, as the worker reports them)."""
 
     def to_json_dict(self) -> dict[str, Any]:
         """Plain JSON-safe data: non-finite floats (an error ratio of inf) become ``None``, and text

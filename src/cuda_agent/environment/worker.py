@@ -400,7 +400,9 @@ def oom_kill_count() -> int | None:
 
 def peak_memory(device: str) -> dict[str, float]:
     """Worker side: this process's peak host memory and, on CUDA, its peak device memory (torch's
-    allocator and the shared blocks allocated beside it) in MB."""
+    allocator and the shared blocks allocated beside it) in MB: allocated, and reserved (what the
+    process held from the device, cached blocks included: what other evaluations sharing the GPU
+    could not use)."""
     peak = {"peak_host_mb": _status_mb(os.getpid(), "VmHWM") or 0.0}
     if device == "cuda":
         import torch
@@ -408,6 +410,7 @@ def peak_memory(device: str) -> dict[str, float]:
         from cuda_agent.environment.cuda_ipc import peak_block_bytes
 
         peak["peak_device_mb"] = (torch.cuda.max_memory_allocated() + peak_block_bytes()) / 2**20
+        peak["peak_device_reserved_mb"] = (torch.cuda.max_memory_reserved() + peak_block_bytes()) / 2**20
     return peak
 
 

@@ -224,7 +224,17 @@ def _checks_section(checks: Mapping[str, Any] | None) -> str:
             "protocol, TF32 off); the rest are the synthesis filter's.\n\n"
             + _table(("status", "tasks"), rows) + "\n"
             + _failed_checks("Not `correct`, in the set", checks["failed"])
-            + _failed_checks("Withdrawn by their check", withdrawn))
+            + _failed_checks("Withdrawn by their check", withdrawn) + _outside_window(checks["outside_window"]))
+
+
+def _outside_window(tasks: Sequence[Mapping[str, Any]]) -> str:
+    """``correct`` tasks whose check timed their eager pass outside the window the filter kept
+    them in (the filter's timing protocol is shorter than the verdict's): kept, and listed."""
+    if not tasks:
+        return ""
+    rows = [(f"`{row['task']}`", f"{row['eager_ms']:.4g}") for row in tasks]
+    return ("\n`correct`, but their check timed the eager pass outside the eager-time window (kept in the set):\n\n"
+            + _table(("task", "eager ms (check)"), rows) + "\n")
 
 
 def _failed_checks(title: str, failed: Sequence[Mapping[str, Any]]) -> str:

@@ -21,11 +21,17 @@ from cuda_agent.synth.records import Rejection
 
 CHECKS = "checks.parquet"
 COLUMNS = ("task", "status", "error", "eager_ms", "compile_ms", "eager_tf32_on_ms", "compile_tf32_on_ms",
-           "input_gb", "output_gb", "verdict_s", "device", "checked_at")
+           "input_gb", "output_gb", "verdict_s", "device", "checked_at", "reference_device_gb", "candidate_device_gb")
 """``eager_ms``/``compile_ms``: TF32 off, as the set's own columns; ``device``: the GPU (or CPU) model;
-``checked_at``: Unix seconds."""
-RETRIED = frozenset({"infra_error", "harness_error"})
-"""Statuses that say nothing about the task (the harness or its worker failed): checked again."""
+``checked_at``: Unix seconds; ``reference_device_gb``/``candidate_device_gb``: the most device memory
+each worker held (GB; None on the CPU, and in rows checked before they were recorded)."""
+LATER_COLUMNS = ("reference_device_gb", "candidate_device_gb")
+"""Columns added after the first checks files were written: an older file reads them as None."""
+RETRIED = frozenset({"infra_error", "harness_error", "out_of_memory"})
+"""Statuses that say nothing certain about the task, checked again: the harness or its worker
+failed, or the device ran out of memory, which on a GPU shared by several checks another
+evaluation's memory can cause (a synthesised task's forward pass is bounded at 4 GB by the
+filter, and a check refuses a task that does not fit its share before running it)."""
 STAGE = "self_check"
 """The journal stage of a task withdrawn by its check (its reason: the verdict's status)."""
 
@@ -59,7 +65,13 @@ def _row(record: Any) -> dict[str, Any]:
             "eager_ms": medians.get("eager_tf32_off"), "compile_ms": medians.get("compile_tf32_off"),
             "eager_tf32_on_ms": medians.get("eager_tf32_on"), "compile_tf32_on_ms": medians.get("compile_tf32_on"),
             "input_gb": row["input_gb"], "output_gb": row["output_gb"], "verdict_s": row["phase_seconds"].get("total"),
-            "device": environment.get("gpu") or environment.get("cpu"), "checked_at": row["finished_at"]}
+            "device": environment.get("gpu") or environment.get("cpu"), "checked_at": row["finished_at"],
+            **{f"{worker}_device_gb": _held_gb(row["memory_mb"].get(worker, {})) for worker in ("reference", "candidate")}}
+
+
+def _held_gb(memory: dict[str, float]) -> float | None:
+    held = memory.get("peak_device_reserved_mb", memory.get("peak_device_mb"))
+    return None if held is None else held * 2**20 / 1e9
 
 
 def load(path: Path) -> dict[str, dict[str, Any]]:
@@ -87,11 +99,13 @@ def read(path: Path) -> dict[str, dict[str, Any]]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    missing = [column for column in COLUMNS if column not in table.column_names]
+    missing = [column for column in COLUMNS if column not in table.column_names and column not in LATER_COLUMNS]
     if missing:
         raise ValueError(f"{path}: not a checks file (missing columns {', '.join(missing)}; "
                          f"expected {', '.join(COLUMNS)})")
-    return {row["task"]: row for row in table.select(list(COLUMNS)).to_pylist()}
+    present = [column for column in COLUMNS if column in table.column_names]
+    return {row["task"]: {column: row.get(column) for column in COLUMNS}
+            for row in table.select(present).to_pylist()}
 
 
 def merge(path: Path, rows: Iterable[dict[str, Any]]) -> dict[str, int]:

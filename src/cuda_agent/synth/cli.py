@@ -341,8 +341,9 @@ def apply_checks_command(
                                           "`cuda-agent tasks check --out` folder of this set."),
 ) -> None:
     """Take the set's self-check in: withdraw the tasks whose check did not come out `correct` (a
-    worker or harness failure is not held against a task), and give the `correct` ones the check's
-    eager and compile times. Measures nothing; applying the same checks again changes nothing."""
+    worker or harness failure, or running out of a shared GPU's memory, is not held against a
+    task), and give the `correct` ones the check's eager and compile times. Measures nothing;
+    applying the same checks again changes nothing."""
     from cuda_agent.synth.dataset import DatasetError
     from cuda_agent.synth.pipeline import apply_checks
 

@@ -77,7 +77,9 @@ def make_card(dataset: str | Path, out: str | Path | None = None, benchmark: str
     shapes = {task: size.shapes for task, size in sizes.items() if size is not None}
     numbers["diversity"] = diversity_numbers(records, shapes)
     numbers["coverage"] = _coverage(records, directory / SEED_OPS)
-    numbers["checks"] = None if checks is None else read_checks(Path(checks), {record.id: (record.eager_ms, record.compile_ms) for record in records})
+    numbers["checks"] = None if checks is None else read_checks(
+        Path(checks), {record.id: (record.eager_ms, record.compile_ms) for record in records},
+        numbers["run"].get("eager_window_ms"))
     if benchmark is not None:
         withdrawn = [entry for entry in (read_journal(directory / JOURNAL)[1] if (directory / JOURNAL).exists()
                                          else []) if entry.reason == "benchmark_match"]
@@ -212,12 +214,15 @@ def _part(name: str) -> str:
     return name.rsplit("/", 2)[-2] if "/" in name else "."
 
 
-def read_checks(path: Path, tasks: Mapping[str, tuple[float | None, float | None]]) -> dict[str, Any]:
+def read_checks(path: Path, tasks: Mapping[str, tuple[float | None, float | None]],
+                window_ms: Sequence[float] | None = None) -> dict[str, Any]:
     """Counts of the set's self-check: per status, ``correct``, the tasks of the set without a
     result, the tasks of the set whose times are the check's, and the failing checks (those of
     tasks still in the set, and those :func:`~cuda_agent.synth.pipeline.apply_checks` withdrew).
     ``path``: the set's ``checks.parquet`` (gathered from several runs, :mod:`checks`), or one
-    ``tasks check`` results folder; ``tasks``: the set's ``(eager_ms, compile_ms)`` by task id.
+    ``tasks check`` results folder; ``tasks``: the set's ``(eager_ms, compile_ms)`` by task id;
+    ``window_ms``: the set's eager-time window, against which the checks' own eager times are
+    counted (``outside_window``: the tasks of the set whose check timed them outside it).
 
     Raises:
         ValueError: ``path`` is neither (the message says why).
@@ -235,4 +240,6 @@ def read_checks(path: Path, tasks: Mapping[str, tuple[float | None, float | None
             "statuses": dict(Counter(row["status"] for row in checked)), "not_checked": len(tasks) - len(checked),
             "timed_by_check": sum(times.get(task) == measured for task, measured in tasks.items()),
             "failed": [row for row in failing if row["task"] in tasks],
-            "withdrawn": [row for row in failing if row["task"] not in tasks]}
+            "withdrawn": [row for row in failing if row["task"] not in tasks],
+            "outside_window": [] if window_ms is None else [
+                {"task": task, "eager_ms": times[task][0]} for task in sorted(times) if task in tasks and not window_ms[0] <= times[task][0] <= window_ms[1]]}
