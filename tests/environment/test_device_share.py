@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.environment import Status, evaluate, load_task
-from cuda_agent.environment.device_share import DeviceShare
+from cuda_agent.environment.device_share import DeviceShare, conv_workspace_cap_mb
 from cuda_agent.synth import device_lock
 
 from support import SMALL_RELU_TASK, child_pids
@@ -86,5 +86,6 @@ def test_a_shared_device_is_held_alone_to_measure_and_beside_others_for_the_rest
 def test_a_device_share_is_at_least_two_evaluations_each_planning_its_part() -> None:
     share = DeviceShare(contextlib.nullcontext, contextlib.nullcontext, evaluations=3)
     assert share.memory_share(141 * 2**30) == 47 * 2**30
+    assert conv_workspace_cap_mb(141 * 2**30, 3) == 47 * 1024 // 2  # cuDNN's workspace: half the share
     with pytest.raises(ValueError, match=">= 2 evaluations, got 1"):
         DeviceShare(contextlib.nullcontext, contextlib.nullcontext, evaluations=1)

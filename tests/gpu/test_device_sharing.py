@@ -20,7 +20,7 @@ from cuda_agent.environment.reference_worker import ReferenceWorker
 from cuda_agent.environment.shared_tensors import share
 from cuda_agent.environment.worker import child_env
 
-from support import EXAMPLES
+from support import EXAMPLES, REPO_ROOT
 
 pytestmark = pytest.mark.gpu
 
@@ -142,3 +142,59 @@ def test_a_sandboxed_process_opens_a_shared_block_reads_it_and_its_writes_land_i
     [written] = shared.view().tree  # the sender's own view of its block
     assert bool((written == 7.0).all())
     shared.release()
+
+
+WIDE_CONV_TASK = """
+import torch
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.ConvTranspose1d(64, 64, 63, padding=31)
+    def forward(self, x):
+        return self.conv(x)
+def get_inputs():
+    return [torch.randn(256, 64, 16384)]
+def get_init_inputs():
+    return []
+"""
+_CONV_PROBE = """
+import json, sys, torch
+from cuda_agent.environment.reference_worker import ReferenceWorker
+worker = ReferenceWorker()
+worker.warm({"device": "cuda", "evaluations": int(sys.argv[2])})
+worker.load({"task_file": sys.argv[1], "device": "cuda", "init_seed": 42, "precision": "faithful",
+             "io_dir": ".", "out_dir": "."})
+with torch.no_grad():
+    worker.model(*[t.cuda() for t in worker.module.get_inputs()])
+torch.cuda.synchronize()
+print(json.dumps({"reserved": torch.cuda.max_memory_reserved(), "environment": worker._environment(),
+                  "total": torch.cuda.get_device_properties(0).total_memory}))
+"""
+
+
+def _dataset_task(task_id: str) -> str:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(REPO_ROOT / "data" / "ops-2k-h200" / "tasks.parquet", filters=[("id", "=", task_id)])
+    return table.column("code")[0].as_py()
+
+
+@pytest.mark.parametrize("task_code", [pytest.param(lambda: WIDE_CONV_TASK, id="conv-transpose-1d"),
+                                       pytest.param(lambda: _dataset_task("ecfc34a1085db432"), id="ecfc34a1085db432")])
+def test_a_worker_of_a_shared_gpu_keeps_cudnn_within_its_share(tmp_path: Path, task_code) -> None:
+    """cuDNN runs the first convolution algorithm whose workspace it can allocate: on a GPU with
+    memory free, one worker may take most of it (133 GB of an H200 beside two other checks, which
+    ran out of memory; the set's task ecfc34a1085db432 overlapped them). A worker told the GPU is
+    shared caps the workspace at half its share, in a fresh process (the cap is read before the
+    first convolution)."""
+    evaluations = 3
+    task = tmp_path / "task.py"
+    task.write_text(task_code())
+    env = {k: v for k, v in child_env().items() if k != "CUDNN_CONV_WSCAP_DBG"}
+    probe = subprocess.run([sys.executable, "-c", _CONV_PROBE, str(task), str(evaluations)], capture_output=True,
+                           text=True, env=env, cwd=tmp_path, timeout=300)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    reply = json.loads(probe.stdout.strip().splitlines()[-1])
+    share = reply["total"] // evaluations
+    assert int(reply["environment"]["conv_workspace_cap_mb"]) == share // 2 // 2**20
+    assert reply["reserved"] <= share, (reply["reserved"], share)

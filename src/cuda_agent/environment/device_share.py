@@ -13,7 +13,11 @@ end): the synthesis filter compiles the same way.
 
 Each of the evaluations plans its memory within its share of the device
 (``total / evaluations``), so that evaluations that each fit can never run the GPU out of memory
-together.
+together. cuDNN would not keep to it on its own: for a convolution it runs the first algorithm
+whose workspace it can allocate, so on a GPU with memory free it may take most of it (133 GB of an
+H200 for a ``ConvTranspose1d`` task beside other checks, which then ran out of memory) and a
+different, here slower, algorithm than where less is free. Workers of a shared GPU cap that
+workspace (:func:`conv_workspace_cap_mb`, ``CUDNN_CONV_WSCAP_DBG``).
 """
 
 from __future__ import annotations
@@ -40,3 +44,13 @@ class DeviceShare:
     def memory_share(self, total_bytes: int) -> int:
         """Device bytes one evaluation may plan for."""
         return total_bytes // self.evaluations
+
+
+CONV_WORKSPACE_VARIABLE = "CUDNN_CONV_WSCAP_DBG"
+"""PyTorch's cap on one cuDNN convolution's workspace, in MiB."""
+
+
+def conv_workspace_cap_mb(total_bytes: int, evaluations: int) -> int:
+    """The cuDNN convolution workspace cap (MiB) of a worker whose GPU is shared by
+    ``evaluations``: half of its share of the device, the other half being for its tensors."""
+    return total_bytes // evaluations // 2 // 2**20

@@ -240,7 +240,7 @@ class _Evaluation:
             self.slot = self.prestarted.take(self.config)
         self.verdict.environment["prestarted"] = self.slot is not None
         if self.slot is None:
-            self.slot = WorkerSlot(self.config)
+            self.slot = WorkerSlot(self.config, evaluations=1 if self.share is None else self.share.evaluations)
         split = self.slot.cpu_split
         self.verdict.environment["timed_cpus"] = split.describe() if split is not None else "not set apart"
 

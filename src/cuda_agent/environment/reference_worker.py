@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ import torch
 from cuda_agent.environment.comparison import References, rounding_dependent_shape, tf32_enabled, tf32_setting
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.degeneracy_probe import degeneracy_flags
+from cuda_agent.environment.device_share import CONV_WORKSPACE_VARIABLE
 from cuda_agent.environment.fingerprint import FingerprintKey
 from cuda_agent.environment.loading import clone_tree, import_file, map_tensors, seed_all, tensors_in, to_device
 from cuda_agent.environment.precision import POLICIES
@@ -490,6 +492,8 @@ class ReferenceWorker:
             env["cuda"] = str(torch.version.cuda)
             env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
             env["driver"] = self.driver if self.driver != "unknown" else _driver_version()
+            if CONV_WORKSPACE_VARIABLE in os.environ:  # a shared GPU's cap, or the user's
+                env["conv_workspace_cap_mb"] = os.environ[CONV_WORKSPACE_VARIABLE]
         else:
             env["cpu"] = _cpu_model()
             env["threads"] = str(torch.get_num_threads())

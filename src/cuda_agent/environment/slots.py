@@ -57,12 +57,15 @@ class WorkerSlot:
     (on the CPU backend, the output files it shares back), the last two owned by the sandbox user.
     """
 
-    def __init__(self, config: EvalConfig, warm_device: bool = True, imports: tuple[str, ...] = ()) -> None:
+    def __init__(self, config: EvalConfig, warm_device: bool = True, imports: tuple[str, ...] = (),
+                 evaluations: int = 1) -> None:
         """``warm_device``: have both workers initialise ``config.device`` as soon as they start
         (else only their host side: imports and first CPU calls; see :meth:`warm`). ``imports``:
-        modules both workers import as they start (see :mod:`~cuda_agent.environment.import_ahead`)."""
+        modules both workers import as they start (see :mod:`~cuda_agent.environment.import_ahead`).
+        ``evaluations``: how many evaluations share the GPU (``DeviceShare.evaluations``; 1: alone)."""
         self.key = slot_key(config)
         self.device = config.device
+        self.evaluations = evaluations
         self.cpu_split = split_for(config.device)
         """Both workers start off the CPUs set apart for timing; see ``timed_cpus``."""
         self._close_lock, self._closed = threading.Lock(), False
@@ -112,7 +115,8 @@ class WorkerSlot:
     def _send_warm(self, device: str, imports: tuple[str, ...] = ()) -> None:
         for worker in (self.reference, self.candidate):  # both warm up at once, before anyone waits
             assert worker is not None
-            worker.send({"op": "warm", "device": device, "imports": list(imports)}, background=True)
+            worker.send({"op": "warm", "device": device, "imports": list(imports), "evaluations": self.evaluations},
+                        background=True)
 
     def warm(self, timeout_s: float, device_gate: contextlib.AbstractContextManager | None = None,
              compile_mode: str | None = None) -> None:
@@ -264,7 +268,8 @@ class Prestarter:
             try:
                 with self._lock:
                     imports = tuple(self._imports)
-                slot = WorkerSlot(self.config, warm_device=False, imports=imports)
+                slot = WorkerSlot(self.config, warm_device=False, imports=imports,
+                                  evaluations=1 if self.share is None else self.share.evaluations)
             except Exception:  # noqa: BLE001 - the evaluation then starts its own slot and reports the failure
                 logger.exception("prestarting a worker slot failed")
                 self._ready.put(None)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import cuda_agent
+from cuda_agent.environment.device_share import CONV_WORKSPACE_VARIABLE, conv_workspace_cap_mb
 from cuda_agent.environment.import_ahead import import_ahead
 from cuda_agent.environment.timed_cpus import CpuSplit, start_off_timed
 
@@ -32,6 +33,7 @@ _ENV_KEEP = (
     "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER",
     "CC", "CXX", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS", "TRITON_CACHE_DIR",
     "TORCHINDUCTOR_COMPILE_THREADS",  # the baseline's torch.compile: inductor's code-generation processes
+    "CUDNN_CONV_WSCAP_DBG",  # a user's cap on cuDNN's convolution workspace (MiB)
 )
 
 
@@ -438,7 +440,9 @@ Handler = Callable[[dict[str, Any]], dict[str, Any]]
 def warm_device(msg: dict[str, Any]) -> dict[str, Any]:
     """Initialise the device before any task or candidate is loaded (a worker's first request,
     sent as it starts): the evaluation that takes the worker does not wait for a CUDA context.
-    The modules in ``imports`` (what earlier tasks of the stream imported) are imported first.
+    The modules in ``imports`` (what earlier tasks of the stream imported) are imported first. With
+    ``evaluations`` > 1 the GPU is shared: cuDNN's convolution workspace is capped at half of this
+    worker's share (see :mod:`~cuda_agent.environment.device_share`), before any task code runs.
     Workers whose first real request needs more (imports, probes) register their own ``warm``."""
     import torch
 
@@ -447,6 +451,9 @@ def warm_device(msg: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.init()
         torch.empty(1, device="cuda")
         torch.cuda.synchronize()
+        if msg.get("evaluations", 1) > 1 and CONV_WORKSPACE_VARIABLE not in os.environ:  # a user's own cap is kept
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            os.environ[CONV_WORKSPACE_VARIABLE] = str(conv_workspace_cap_mb(total, msg["evaluations"]))
     return {}
 
 
