@@ -14,9 +14,10 @@ end): the synthesis filter compiles the same way.
 Each of the evaluations plans its memory within its share of the device
 (``total / evaluations``), so that evaluations that each fit can never run the GPU out of memory
 together. cuDNN would not keep to it on its own: for a convolution it runs the first algorithm
-whose workspace it can allocate, so on a GPU with memory free it may take most of it (133 GB of an
-H200 for a ``ConvTranspose1d`` task beside other checks, which then ran out of memory) and a
-different, here slower, algorithm than where less is free. Workers of a shared GPU cap that
+whose workspace it can allocate, so on a GPU with memory free it may take most of it (a worker
+held 133 GB of an H200 beside other checks, which then ran out of memory; most likely that of a
+``ConvTranspose1d`` task, whose check also timed it 5x slower than the synthesis filter had) and a
+different algorithm than where less is free. Workers of a shared GPU cap that
 workspace (:func:`conv_workspace_cap_mb`, ``CUDNN_CONV_WSCAP_DBG``).
 """
 
