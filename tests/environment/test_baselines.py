@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.environment.baselines import BaselineCache, provenance_note
+from cuda_agent.environment.baselines import BaselineCache, provenance_note, software_key
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.verdict import TimingStats
 
@@ -153,3 +153,13 @@ def test_caches_opened_at_once_all_open(tmp_path: Path) -> None:
             lambda: BaselineCache(path).put("t", "d", "s", {"eager_tf32_off": STATS}, DEFAULT, "relu"), 8)
         assert errors == []
         assert _served(BaselineCache(path)) == {"eager_tf32_off": STATS}
+
+
+def test_a_cudnn_workspace_cap_keys_baselines_apart_and_its_absence_keeps_the_old_key() -> None:
+    """A cap on cuDNN's convolution workspace (a shared GPU's) changes which algorithms a
+    convolution may run, so its baselines are not another setting's."""
+    environment = {"torch": "2.11.0", "cuda": "13.0", "gpu": "NVIDIA H200"}
+    plain = software_key(environment, TimingConfig(), cpu_apart=True)
+    assert plain == "torch=2.11.0;cuda=13.0;compile=default;batch_min_ms=1;timed_cpu_apart"
+    capped = software_key({**environment, "conv_workspace_cap_mb": "23859"}, TimingConfig(), cpu_apart=True)
+    assert capped == plain + ";conv_workspace_mb=23859"

@@ -23,7 +23,20 @@ from typing import Any
 
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.machine_load import comparable, current_load
+from cuda_agent.environment.presets import timing_method_key
 from cuda_agent.environment.verdict import TimingStats
+
+def software_key(environment: dict[str, Any], timing: TimingConfig, cpu_apart: bool) -> str:
+    """The ``software`` part of a baseline's cache key: what besides the task and the device its
+    times depend on. torch and CUDA, the compile mode and timing method, whether timing had CPUs
+    set apart, and a cap on cuDNN's convolution workspace (a shared GPU's, or the user's), which
+    decides the algorithms a convolution may run. Parts absent by default add nothing, so entries
+    cached before a part existed stay valid."""
+    cap = environment.get("conv_workspace_cap_mb")
+    return (f"torch={environment.get('torch')};cuda={environment.get('cuda')};compile={timing.compile_mode};"
+            f"batch_min_ms={timing.batch_min_ms:g}" + timing_method_key(timing)
+            + (";timed_cpu_apart" if cpu_apart else "") + ("" if cap is None else f";conv_workspace_mb={cap}"))
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS baselines (

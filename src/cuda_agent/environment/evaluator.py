@@ -23,14 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterator
 
-from cuda_agent.environment.baselines import BaselineCache, provenance_note
+from cuda_agent.environment.baselines import BaselineCache, provenance_note, software_key
 from cuda_agent.environment.build import BuiltSolution, CompileError, build_solution, require_buildable_for
 from cuda_agent.environment.config import EvalConfig, TimingConfig
 from cuda_agent.environment.device_clock import sm_clock_mhz
 from cuda_agent.environment.device_share import DeviceShare
 from cuda_agent.environment.guards import run_static_guards
 from cuda_agent.environment.precision import POLICIES
-from cuda_agent.environment.presets import reward_baseline_setting, timing_method_key
+from cuda_agent.environment.presets import reward_baseline_setting
 from cuda_agent.environment.problem_size import MemoryPlan, ProblemSize, gigabytes, memory_plan
 from cuda_agent.environment.reward import (
     MEDIAN_TO_MEAN_ERROR, MILESTONES, Speedup, bound_z, candidate_err_needed, drift_for, milestone_reward,
@@ -375,10 +375,7 @@ class _Evaluation:
         env = self.verdict.environment
         device_key = env.get("gpu") or f"cpu:{env.get('cpu')}:{env.get('threads')}"
         timing = self._timing
-        software = (f"torch={env.get('torch')};cuda={env.get('cuda')};compile={timing.compile_mode};"
-                    f"batch_min_ms={timing.batch_min_ms:g}" + timing_method_key(timing)
-                    + (";timed_cpu_apart" if self.slot.cpu_split is not None else ""))
-        key = (self.task.code_hash, device_key, software)
+        key = (self.task.code_hash, device_key, software_key(env, timing, self.slot.cpu_split is not None))
         cache = BaselineCache(self.config.cache_dir / "baselines.sqlite")
         cached, unfit = cache.get(*key, variants, timing)
         missing = [v for v in variants if v not in cached]
