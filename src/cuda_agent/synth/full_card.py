@@ -233,8 +233,8 @@ def read_checks(path: Path, tasks: Mapping[str, tuple[float | None, float | None
         raise ValueError(f"--checks: {exc}") from None
     checked = [results[task] for task in tasks if task in results]
     times = check_times(results)
-    failing = [{key: row[key] for key in ("task", "status", "error")} for row in sorted(results.values(), key=lambda r: r["task"])
-               if row["status"] != "correct" and (row["task"] in tasks or failed(row))]
+    failing = [{key: row[key] for key in ("task", "status", "error")} for task, row in sorted(results.items())
+               if row["status"] != "correct" and (task in tasks or failed(row))]
     return {"path": path.name if path.suffix == ".parquet" else str(path), "checked": len(checked),
             "correct": sum(row["status"] == "correct" for row in checked),
             "statuses": dict(Counter(row["status"] for row in checked)), "not_checked": len(tasks) - len(checked),
@@ -242,4 +242,5 @@ def read_checks(path: Path, tasks: Mapping[str, tuple[float | None, float | None
             "failed": [row for row in failing if row["task"] in tasks],
             "withdrawn": [row for row in failing if row["task"] not in tasks],
             "outside_window": [] if window_ms is None else [
-                {"task": task, "eager_ms": times[task][0]} for task in sorted(times) if task in tasks and not window_ms[0] <= times[task][0] <= window_ms[1]]}
+                {"task": task, "eager_ms": times[task][0]} for task in sorted(times)
+                if task in tasks and not window_ms[0] <= times[task][0] <= window_ms[1]]}

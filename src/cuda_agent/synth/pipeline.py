@@ -208,7 +208,7 @@ def apply_checks(out_dir: str | Path, checks_path: str | Path) -> dict[str, Any]
     """Take a set's self-check into it: the tasks whose check says they cannot be judged are
     withdrawn (journaled as ``self_check`` rejections, by status), and the ``correct`` ones take the
     check's eager and compile times (TF32 off). Tasks without a check, or whose check said nothing
-    about them (``infra_error``, ``harness_error``), are left as they are. Measures nothing.
+    certain about them (:data:`~cuda_agent.synth.checks.RETRIED`), are left as they are. Measures nothing.
 
     Returns:
         The card's numbers, with ``withdrawn`` and ``retimed``: how many tasks this call removed and
