@@ -177,15 +177,62 @@ def median_phases(phase_seconds: list[dict[str, float | None]]) -> dict[str, flo
     return {phase: median([s[phase] for s in phase_seconds if s.get(phase) is not None]) for phase in phases}
 
 
+class CpuBusy:
+    """The host's CPUs over a stretch of work: the busy share (not idle, not waiting for I/O) of
+    all cores, read from ``/proc/stat`` every ``every_s``; whether a run is bound by its cores.
+    Where there is no ``/proc/stat``, :meth:`summary` is None."""
+
+    def __init__(self, every_s: float = 2.0) -> None:
+        import threading
+
+        self.every_s, self.shares = every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    @staticmethod
+    def _times() -> tuple[int, int] | None:
+        try:
+            fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except OSError:
+            return None
+        return sum(fields), fields[3] + fields[4]  # all, idle + iowait
+
+    def _sample(self) -> None:
+        last = self._times()
+        while last is not None and not self._stop.wait(self.every_s):
+            now = self._times()
+            if now is None or now[0] == last[0]:
+                continue
+            self.shares.append(1 - (now[1] - last[1]) / (now[0] - last[0]))
+            last = now
+
+    def __enter__(self) -> "CpuBusy":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, float] | None:
+        """The mean busy share, its 90th percentile, and how many samples they are over."""
+        if not self.shares:
+            return None
+        ordered = sorted(self.shares)
+        return {"mean": sum(ordered) / len(ordered), "p90": ordered[int(0.9 * (len(ordered) - 1))],
+                "samples": len(ordered), "cores": os.cpu_count()}
+
+
 def tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget, gpus: str | None,
                 cache_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
     """``cuda-agent tasks check`` in a subprocess until done or out of budget (it resumes), with
-    ``env`` on top of this process's environment."""
+    ``env`` on top of this process's environment; ``cpu_busy`` is :class:`CpuBusy` over the run."""
     started = time.monotonic()
     command = [sys.executable, "-m", "cuda_agent.cli", "tasks", "check", str(tasks), *extra, "--out", str(out_dir), "--json",
                *(["--gpus", gpus] if gpus else [])]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, **(env or {}), "CUDA_AGENT_CACHE_DIR": str(cache_dir)}) as run:
+    with CpuBusy() as cpu, subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, **(env or {}), "CUDA_AGENT_CACHE_DIR": str(cache_dir)}) as run:
         try:
             stdout, stderr = run.communicate(timeout=max(10, budget.left_s()))
         except subprocess.TimeoutExpired:
@@ -201,6 +248,7 @@ def tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget, gp
     return {"tasks": sum(counts.values()), "correct": counts.get("correct", 0), "task_error": counts.get("task_error", 0),
             "infra_error": counts.get("infra_error", 0), "counts": counts, "wall_s": time.monotonic() - started,
             "complete": complete, "returncode": run.returncode, "problems": report["problems"] if report else [],
+            "cpu_busy": cpu.summary(),
             "stderr_tail": "" if run.returncode in (0, 1, 130) else stderr[-2000:]}  # why it failed, if it did
 
 
@@ -227,9 +275,12 @@ def check_rates(entry: dict[str, Any]) -> dict[str, float | None]:
 
 
 def check_medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median verdict and :func:`median_phases` over ``rows`` (tasks check's problems)."""
+    """The median verdict, :func:`median_phases` and, on a shared GPU, the median wait for the
+    device, over ``rows`` (tasks check's problems)."""
     timed = [row["phase_seconds"] for row in rows if row["phase_seconds"].get("total")]
-    return {"median_verdict_s": median([s["total"] for s in timed]), "median_phase_s": median_phases(timed)}
+    waits = [row["device_wait_s"] for row in rows if row.get("device_wait_s") is not None]
+    return {"median_verdict_s": median([s["total"] for s in timed]), "median_phase_s": median_phases(timed),
+            "median_device_wait_s": median(waits)}
 
 
 def sample_task_files(tasks: Path, n: int, folder: Path, seed: int = 0, avoid: set[str] | None = None) -> Path:

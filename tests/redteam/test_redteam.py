@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.environment import BuildConfig, EvalConfig, Status, load_solution
+from cuda_agent.environment import BuildConfig, EvalConfig, Status, baselines, load_solution
 from cuda_agent.environment.guards import GuardConfig, run_static_guards
 
 from redteam_support import CUDA_EXPLOITS, EXPLOITS, HONEST, REDTEAM, REDTEAM_TIMING, TASKS, uses_load_inline
@@ -298,10 +298,14 @@ def _special_xfail(name: str):
 
 @_special_xfail("poison_baseline_cache")
 def test_baseline_cache_poisoning_does_not_reach_later_evaluations(tmp_path, session_cache_dir, solution_dir,
-                                                                   redteam_config, run_evaluation) -> None:
+                                                                   redteam_config, run_evaluation,
+                                                                   monkeypatch) -> None:
     """The poisoner's own verdict is honest (baselines were read before it ran); the question is
     whether the NEXT evaluation of the task, by an honest kernel, compares against the real eager
-    time. Runs on a private cache (baselines) that shares the session's build directory."""
+    time. Runs on a private cache (baselines) that shares the session's build directory. The
+    machine's load is held comparable between the two, so the second reads the cached row the
+    poisoner could have reached instead of timing afresh (which a busy CI host otherwise causes)."""
+    monkeypatch.setattr(baselines, "comparable", lambda cached, now: True)
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / "build").symlink_to(session_cache_dir / "build", target_is_directory=True)
@@ -313,6 +317,7 @@ def test_baseline_cache_poisoning_does_not_reach_later_evaluations(tmp_path, ses
     assert poisoner.status is Status.CORRECT, poisoner.error
     honest = run_evaluation(task, solution_dir(HONEST / "honest_relu.py"), config)
     assert honest.status is Status.CORRECT, honest.error
+    assert honest.baseline_sources["eager_tf32_off"] == "cache", honest.baseline_sources
     # A plain ReLU loop is within a few x of eager ReLU; 1000x inflated baselines make it 100x+.
     assert honest.eager_ms == pytest.approx(poisoner.eager_ms, rel=0.01), (
         f"eager baseline went from {poisoner.eager_ms:.4g} ms to {honest.eager_ms:.4g} ms between two "

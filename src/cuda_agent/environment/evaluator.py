@@ -120,8 +120,8 @@ class _Evaluation:
                     self.slot.close()
             self.verdict.phase_seconds["total"] = self._begin("") - started  # the same clock reads as the phases
             if self.share is not None:
-                self.verdict.environment["device_shared"] = (
-                    f"{self.share.evaluations} evaluations at once; {self._device_wait_s:.2f} s waiting for the GPU")
+                self.verdict.environment["device_shared"] = f"{self.share.evaluations} evaluations at once"
+                self.verdict.device_wait_s = self._device_wait_s
         if self.prestarted is not None and self.profile:
             self.prestarted.note_verdict(self.verdict)
         self.verdict.correct = self.verdict.status is Status.CORRECT
