@@ -11,6 +11,8 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
     python bench/dataset_check.py run --data data/ops-2k-h200 --minutes 8.5 --lanes-per-gpu 3 --out $OUT
     # here, with the rows it returned
     python bench/dataset_check.py merge --data data/ops-2k-h200 checks_*.jsonl
+    # a check made under conditions since fixed: judged again by a later run
+    python bench/dataset_check.py forget --data data/ops-2k-h200 ecfc34a1085db432
 
 ``run`` writes ``checks_<time>.jsonl`` (one row per task it judged: status, error, the four baseline
 medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:
@@ -98,6 +100,13 @@ def merge(args: argparse.Namespace) -> None:
           f"{numbers['rows']} tasks checked: {statuses}")
 
 
+def forget(args: argparse.Namespace) -> None:
+    removed = checks.forget(args.data / checks.CHECKS, args.tasks)
+    unknown = sorted(set(args.tasks) - set(removed))
+    print(f"{args.data / checks.CHECKS}: {len(removed)} checks removed ({', '.join(removed) or 'none'}); "
+          f"the next run checks them again" + (f"; no check held for {', '.join(unknown)}" if unknown else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     steps = parser.add_subparsers(dest="step", required=True)
@@ -112,13 +121,13 @@ def main() -> None:
     gather = steps.add_parser("merge", help="add a run's rows to the data folder's checks.parquet")
     gather.add_argument("--data", type=Path, required=True)
     gather.add_argument("rows", type=Path, nargs="+", help="checks_*.jsonl files written by run")
+    again = steps.add_parser("forget", help="remove the checks of the named tasks, so the next run judges them again")
+    again.add_argument("--data", type=Path, required=True)
+    again.add_argument("tasks", nargs="+", help="task ids")
     args = parser.parse_args()
     if not (args.data / "tasks.parquet").is_file():
         parser.error(f"--data {args.data}: no tasks.parquet there (expected a published data folder)")
-    if args.step == "run":
-        run(args)
-    else:
-        merge(args)
+    {"run": run, "merge": merge, "forget": forget}[args.step](args)
 
 
 if __name__ == "__main__":

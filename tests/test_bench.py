@@ -113,3 +113,8 @@ def test_dataset_check_merge_gathers_rows_and_names_a_bad_line(tmp_path: Path) -
     bad = subprocess.run([sys.executable, str(BENCH / "dataset_check.py"), "merge", "--data", str(data), str(rows)],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and f"{rows}:1: a check row needs checked_at" in bad.stderr
+    forgot = subprocess.run([sys.executable, str(BENCH / "dataset_check.py"), "forget", "--data", str(data), "a", "b"],
+                            capture_output=True, text=True, timeout=120)
+    assert forgot.returncode == 0, forgot.stderr
+    assert "1 checks removed (a); the next run checks them again; no check held for b" in forgot.stdout
+    assert pq.read_table(data / "checks.parquet").num_rows == 0

@@ -37,7 +37,7 @@ def test_later_checks_replace_earlier_ones_and_only_telling_ones_count_as_checke
                     "failed": [{"task": "c", "status": "task_error", "error": "why"}], "withdrawn": [],
                     "outside_window": [{"task": "a", "eager_ms": 2.0}, {"task": "b", "eager_ms": 2.0}]}
     section = _checks_section(card)
-    assert "2 of 3 checked tasks are `correct`; 1 tasks of the set have no result" in section
+    assert "2 `correct` of 3 tasks checked; 1 task of the set without a result" in section
     assert "| `c` | task_error | why |" in section and "| `a` | 2 |" in section
 
 

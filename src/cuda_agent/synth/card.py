@@ -216,15 +216,18 @@ def _checks_section(checks: Mapping[str, Any] | None) -> str:
     rows = sorted(checks["statuses"].items())
     withdrawn = checks["withdrawn"]
     return (f"## Judged-ready (`tasks check`)\n\nEach task's reference run as its own candidate through the full "
-            f"verdict (`{checks['path']}`): {checks['correct']} of {checks['checked']} checked tasks are `correct`; "
-            f"{checks['not_checked']} tasks of the set have no result. "
-            f"{len(withdrawn)} checked tasks that did not come out `correct` were withdrawn from the set "
-            f"(`cuda-agent synth apply-checks`; journaled as `self_check` rejections). The `eager_ms` and "
-            f"`compile_ms` of {checks['timed_by_check']} tasks are their check's (the verdict's timing "
-            "protocol, TF32 off); the rest are the synthesis filter's.\n\n"
+            f"verdict (`{checks['path']}`): {checks['correct']} `correct` of {_tasks(checks['checked'])} checked; "
+            f"{_tasks(checks['not_checked'])} of the set without a result. Withdrawn from the set for not coming "
+            f"out `correct`: {_tasks(len(withdrawn))} (`cuda-agent synth apply-checks`; journaled as `self_check` "
+            f"rejections). The `eager_ms` and `compile_ms` of {_tasks(checks['timed_by_check'])} are their "
+            "check's (the verdict's timing protocol, TF32 off); the rest are the synthesis filter's.\n\n"
             + _table(("status", "tasks"), rows) + "\n"
             + _failed_checks("Not `correct`, in the set", checks["failed"])
             + _failed_checks("Withdrawn by their check", withdrawn) + _outside_window(checks["outside_window"]))
+
+
+def _tasks(count: int) -> str:
+    return f"{count} task" if count == 1 else f"{count} tasks"
 
 
 def _outside_window(tasks: Sequence[Mapping[str, Any]]) -> str:

@@ -111,9 +111,6 @@ def read(path: Path) -> dict[str, dict[str, Any]]:
 def merge(path: Path, rows: Iterable[dict[str, Any]]) -> dict[str, int]:
     """Add ``rows`` to the checks file at ``path`` (made if absent): a task's later check replaces
     its earlier one. Returns how many rows were added, replaced, and are in the file now."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     kept = read(path)
     added = replaced = 0
     for row in rows:
@@ -122,11 +119,28 @@ def merge(path: Path, rows: Iterable[dict[str, Any]]) -> dict[str, int]:
             continue
         added, replaced = added + (earlier is None), replaced + (earlier is not None)
         kept[row["task"]] = {column: row.get(column) for column in COLUMNS}
+    _write(path, kept)
+    return {"added": added, "replaced": replaced, "rows": len(kept)}
+
+
+def forget(path: Path, tasks: Iterable[str]) -> list[str]:
+    """Remove the checks of ``tasks`` from the file at ``path``, so that the next check judges
+    them again (a check made under conditions since fixed). Returns the tasks that had one."""
+    kept = read(path)
+    removed = [task for task in dict.fromkeys(tasks) if kept.pop(task, None) is not None]
+    if removed:
+        _write(path, kept)
+    return removed
+
+
+def _write(path: Path, kept: dict[str, dict[str, Any]]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     table = pa.Table.from_pylist([kept[task] for task in sorted(kept)], schema=_schema())
     temporary = path.with_suffix(".parquet.tmp")
     pq.write_table(table, temporary)
-    temporary.replace(path)  # a stopped merge leaves the previous file whole
-    return {"added": added, "replaced": replaced, "rows": len(kept)}
+    temporary.replace(path)  # a stopped write leaves the previous file whole
 
 
 def to_check(ids: Sequence[str], checks: dict[str, dict[str, Any]], seed: int = 0) -> list[str]:
