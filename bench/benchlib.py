@@ -275,12 +275,23 @@ def check_rates(entry: dict[str, Any]) -> dict[str, float | None]:
 
 
 def check_medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median verdict, :func:`median_phases` and, on a shared GPU, the median wait for the
-    device, over ``rows`` (tasks check's problems)."""
+    """The median verdict, :func:`median_phases` and, on a shared GPU, the median of each verdict's
+    ``device_seconds`` (waiting for its turns, holding the GPU alone, holding it shared), over
+    ``rows`` (tasks check's problems)."""
     timed = [row["phase_seconds"] for row in rows if row["phase_seconds"].get("total")]
-    waits = [row["device_wait_s"] for row in rows if row.get("device_wait_s") is not None]
+    turns = [row["device_seconds"] for row in rows if row.get("device_seconds")]
     return {"median_verdict_s": median([s["total"] for s in timed]), "median_phase_s": median_phases(timed),
-            "median_device_wait_s": median(waits)}
+            "median_device_s": median_phases(turns) if turns else None}
+
+
+def device_held(entry: dict[str, Any]) -> dict[str, float] | None:
+    """On a shared GPU, the share of a tasks-check run's wall time that its verdicts held the GPU
+    alone (``measure``) and that they waited for it, summed over lanes (``wait``, may exceed 1):
+    a ``measure`` share near 1 means the GPU's turns, not the lanes, set the pace."""
+    turns = [row["device_seconds"] for row in entry["problems"] if row.get("device_seconds")]
+    if not turns or not entry["wall_s"]:
+        return None
+    return {kind: sum(t[kind] for t in turns) / entry["wall_s"] for kind in ("measure", "use", "wait")}
 
 
 def sample_task_files(tasks: Path, n: int, folder: Path, seed: int = 0, avoid: set[str] | None = None) -> Path:

@@ -16,8 +16,9 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
 
 ``run`` writes ``checks_<time>.jsonl`` (one row per task it judged: status, error, the four baseline
 medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:
-counts, tasks a minute, median phases, the median wait for the shared GPU, how busy the CPUs were,
-and ``TORCHINDUCTOR_COMPILE_THREADS`` if set, which the reference workers' ``torch.compile`` keeps). A task whose check says nothing about it (``infra_error``,
+counts, tasks a minute, median phases, on a shared GPU the medians of the verdicts' turns on it
+and the share of the wall time they held it alone (``device_held``), how busy the CPUs were, and
+``TORCHINDUCTOR_COMPILE_THREADS`` if set, which the reference workers' ``torch.compile`` keeps). A task whose check says nothing about it (``infra_error``,
 ``harness_error``, e.g. the tasks the stop interrupted) is checked again by a later call.
 """
 
@@ -32,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchlib import Budget, check_medians, check_rates, machine_details, tasks_check, write_json
+from benchlib import Budget, check_medians, check_rates, device_held, machine_details, tasks_check, write_json
 
 from cuda_agent.synth import checks
 
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> None:
         "machine": machine_details(), "data": str(args.data), "lanes_per_gpu": args.lanes_per_gpu,
         "left_before": left, "judged": judged, "counts": entry["counts"], "wall_s": entry["wall_s"],
         "returncode": entry["returncode"], **check_rates(entry), **check_medians(entry["problems"]),
-        "cpu_busy": entry["cpu_busy"], "compile_threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "default"),
+        "device_held": device_held(entry), "cpu_busy": entry["cpu_busy"], "compile_threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "default"),
     }
     write_json(summary, args.out / f"dataset_check_{stamp}.json")
     print(f"judged {judged} ({entry['counts']}) in {entry['wall_s']:.0f} s: "

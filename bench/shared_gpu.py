@@ -33,7 +33,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchlib import Budget, check_medians, check_rates, machine_details, sample_task_files, tasks_check, write_json
+from benchlib import (Budget, check_medians, check_rates, device_held, machine_details, sample_task_files, tasks_check,
+                      write_json)
 
 
 def _fresh_caches(run: Path) -> dict[str, str]:
@@ -91,7 +92,7 @@ def main() -> None:
                                                     {"TORCHINDUCTOR_COMPILE_THREADS": threads})
             entry = tasks_check(sample, ["--lanes-per-gpu", str(lanes)], args.work / key, Budget(args.pass_s),
                                 args.gpus, args.work / f"cache_{key}", env)
-            entry.update(check_rates(entry), **check_medians(entry["problems"]))
+            entry.update(check_rates(entry), **check_medians(entry["problems"]), device_held=device_held(entry))
             result["runs"][key] = entry
             one = result["runs"]["lanes1"]
             if key != "lanes1":

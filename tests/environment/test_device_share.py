@@ -75,9 +75,10 @@ def test_a_shared_device_is_held_alone_to_measure_and_beside_others_for_the_rest
     assert holds[0][2] < released_at  # it loaded its problem beside the other's work ...
     assert holds[1][1] < released_at <= holds[1][2]  # ... and measured only after it
     assert verdict.environment["device_shared"] == "2 evaluations at once"
-    waited = verdict.device_wait_s
+    waited = verdict.device_seconds["wait"]
     assert waited == pytest.approx(sum(entered - asked for _, asked, entered in holds), abs=0.05)
     assert waited >= released_at - holds[1][1]
+    assert verdict.device_seconds["measure"] > 0 and verdict.device_seconds["use"] > 0
     assert verdict.phase_seconds["total"] >= released_at - started - 0.5
     assert child_pids() == [] and list(scratch_dir.iterdir()) == []
 

@@ -1,9 +1,13 @@
-"""The timing loop: stopping rules and the statistics it reports (checked against ``statistics``)."""
+"""The timing loop: stopping rules and the statistics it reports (checked against ``statistics``),
+and how the reference worker runs it for a request of several baselines."""
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,6 +16,8 @@ from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.timing import (
     CpuTimer, FreshInputs, Timer, batch_size, call_seed, measure, perturbed, summarize,
 )
+
+from support import SMALL_RELU_TASK
 
 
 class ScriptedTimer(Timer):
@@ -152,3 +158,29 @@ def test_median_rel_err_matches_the_normal_theory_and_ignores_a_few_outliers() -
 def test_median_rel_err_of_three_samples_spans_them_and_of_one_is_unknown() -> None:
     assert summarize([1.0, 2.0, 4.0], budget_exhausted=True).median_rel_err == pytest.approx(3.0 / (2 * 1.959964) / 2.0)
     assert summarize([1.0], budget_exhausted=True).median_rel_err == math.inf
+
+
+_BASELINES_PROBE = """
+import dataclasses, json, sys
+from cuda_agent.environment.config import TimingConfig
+from cuda_agent.environment.reference_worker import ReferenceWorker
+worker = ReferenceWorker()
+worker.warm({"device": "cpu"})
+worker.load({"task_file": sys.argv[1], "device": "cpu", "init_seed": 42, "precision": "faithful",
+             "io_dir": sys.argv[2], "out_dir": sys.argv[2]})
+timing = TimingConfig(warmup_ms=1500.0, warmup_calls=1, min_samples=3, budget_s=0.2, compile_baseline=False)
+reply = worker.baselines({"variants": ["eager_tf32_off", "eager_tf32_on"], "seed": 42,
+                          "timing": dataclasses.asdict(timing)})
+print(json.dumps(reply["seconds"]))
+"""
+
+
+def test_a_baselines_request_warms_up_for_warmup_ms_before_its_first_loop_only(tmp_path) -> None:
+    """The loops of one request run back to back: the first ramps the clocks, the next ones
+    warm up by calls only (on a shared GPU the request holds it alone)."""
+    probe = subprocess.run([sys.executable, "-c", _BASELINES_PROBE, str(SMALL_RELU_TASK), str(tmp_path)],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    seconds = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert seconds["eager_tf32_off"] >= 1.5
+    assert seconds["eager_tf32_on"] < 1.0, seconds

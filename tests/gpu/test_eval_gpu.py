@@ -100,3 +100,11 @@ def test_samples_through_the_service_pass_as_they_do_locally(gpu_eval, tmp_path:
         log.close()
     assert metrics["overall"]["pass_rate"] == 1.0
     assert len(workers) == min(6, torch.cuda.device_count()), f"not every GPU took an evaluation: {workers}"
+
+
+def test_the_driver_read_from_the_kernel_module_is_nvidia_smis() -> None:
+    from cuda_agent.environment.reference_worker import DRIVER_FILE, driver_from_banner
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout.splitlines()[0].strip()
+    assert driver_from_banner(DRIVER_FILE.read_text()) == smi

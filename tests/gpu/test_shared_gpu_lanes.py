@@ -40,7 +40,7 @@ def test_two_lanes_share_one_gpu_and_judge_every_self_check(make_cuda_config, tm
     assert {r.worker for r in results} == {f"cuda:{gpu}", f"cuda:{gpu}.1"}
     for result in results:
         verdict = result.verdict
-        assert verdict.environment["device_shared"] == "2 evaluations at once" and verdict.device_wait_s >= 0
+        assert verdict.environment["device_shared"] == "2 evaluations at once" and set(verdict.device_seconds) == {"wait", "measure", "use"}
         assert set(verdict.baseline_sources.values()) == {"timed"}
         assert "compile_unheld" in verdict.baseline_seconds  # code generation ran without the GPU held,
         assert verdict.baseline_seconds["compile"] < 0.05  # for both TF32 settings: nothing left to compile

@@ -95,7 +95,7 @@ class _Evaluation:
         )
         self.prestarted = prestarted
         self.share = share
-        self._device_wait_s = 0.0
+        self._device_seconds = {"wait": 0.0, "measure": 0.0, "use": 0.0}
         """Seconds spent waiting for a shared GPU (other evaluations' device work)."""
         self.slot: WorkerSlot | None = None
         self.plan: MemoryPlan | None = None
@@ -121,7 +121,7 @@ class _Evaluation:
             self.verdict.phase_seconds["total"] = self._begin("") - started  # the same clock reads as the phases
             if self.share is not None:
                 self.verdict.environment["device_shared"] = f"{self.share.evaluations} evaluations at once"
-                self.verdict.device_wait_s = self._device_wait_s
+                self.verdict.device_seconds = dict(self._device_seconds)
         if self.prestarted is not None and self.profile:
             self.prestarted.note_verdict(self.verdict)
         self.verdict.correct = self.verdict.status is Status.CORRECT
@@ -195,10 +195,14 @@ class _Evaluation:
         if self.share is None:
             yield
             return
-        waiting = time.monotonic()
+        asked = time.monotonic()
         with self.share.measure() if measure else self.share.use():
-            self._device_wait_s += time.monotonic() - waiting
-            yield
+            entered = time.monotonic()
+            self._device_seconds["wait"] += entered - asked
+            try:
+                yield
+            finally:
+                self._device_seconds["measure" if measure else "use"] += time.monotonic() - entered
 
     def _begin(self, name: str) -> float:
         """End the running phase (its seconds go to ``phase_seconds``) and start ``name`` now (returned)."""

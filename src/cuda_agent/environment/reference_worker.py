@@ -23,9 +23,10 @@ from __future__ import annotations
 import copy
 import gc
 import os
+import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -386,7 +387,12 @@ class ReferenceWorker:
 
     def baselines(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Time the requested baseline variants on inputs from the (public) init seed; only the
-        timing loops run on ``timed_cpus`` (torch.compile compiles first, where the worker runs)."""
+        timing loops run on ``timed_cpus`` (torch.compile compiles first, where the worker runs).
+
+        The loops run back to back, so only the first warms up for ``warmup_ms`` (an idle GPU
+        ramping its clocks); the others warm up by ``warmup_calls`` (each model's first-call
+        costs). On a GPU shared by several evaluations this is held alone: three more warm-ups
+        would be ~0.6 s of every self-check verdict that no other evaluation can use the GPU in."""
         config = TimingConfig(**msg["timing"])
         inputs = self._public_inputs(msg["seed"])
         timer = make_timer(self.device, config)
@@ -394,14 +400,15 @@ class ReferenceWorker:
         if any(variant.startswith("compile_") for variant in msg["variants"]):
             seconds["compile"] = self.compile(msg)["seconds"]  # ~0 when asked ahead
         stats, pinned = {}, True
-        for variant in msg["variants"]:
+        for index, variant in enumerate(msg["variants"]):
             started = time.perf_counter()
             kind, setting = variant.rsplit("_tf32_", 1)
             model = self.model if kind == "eager" else self._compiled(config)
+            loop = config if index == 0 else replace(config, warmup_ms=0.0)
             with torch.no_grad(), tf32_setting(setting), pinned_to(msg.get("timed_cpus")) as moved:
                 # The same per-call fresh inputs the candidate is timed with, for a like-for-like cost.
                 fresh = FreshInputs(inputs, config.input_noise, seed=msg["seed"])
-                stats[variant] = measure(model, timer, config, prepare=fresh.for_call).__dict__
+                stats[variant] = measure(model, timer, loop, prepare=fresh.for_call).__dict__
             pinned = pinned and moved
             seconds[variant] = time.perf_counter() - started
         return {"stats": stats, "pinned": pinned, "seconds": seconds}
@@ -500,9 +507,29 @@ class ReferenceWorker:
         return env
 
 
+DRIVER_FILE = Path("/proc/driver/nvidia/version")
+"""The loaded NVIDIA kernel module's banner, which names the driver version."""
+
+
+def driver_from_banner(banner: str) -> str | None:
+    """The driver version in the kernel module's banner (``NVRM version: NVIDIA UNIX ... Kernel
+    Module ... 580.159.04  Release Build ...``), or None if it names none."""
+    match = re.search(r"Kernel Module\b.*?\s(\d+\.\d+(?:\.\d+)?)(?:\s|$)", banner.splitlines()[0] if banner else "")
+    return match.group(1) if match else None
+
+
 def _driver_version() -> str:
+    """Read from the kernel module's banner (instant) where there is one, else from ``nvidia-smi``
+    (a subprocess: a fraction of a second, seconds on a busy host, which a worker warming up
+    would spend holding a shared GPU)."""
     import subprocess
 
+    try:
+        found = driver_from_banner(DRIVER_FILE.read_text())
+    except OSError:
+        found = None
+    if found:
+        return found
     try:
         return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
                               capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]

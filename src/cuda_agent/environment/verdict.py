@@ -128,9 +128,10 @@ class Verdict:
     build: BuildInfo | None = None
     notes: list[str] = field(default_factory=list)  # non-fatal findings (weights, fallbacks)
     phase_seconds: dict[str, float] = field(default_factory=dict)
-    device_wait_s: float | None = None
-    """On a GPU shared by several evaluations (``environment["device_shared"]`` says how many):
-    the seconds this one waited for its turns on the device, within its phases. None: not shared."""
+    device_seconds: dict[str, float] = field(default_factory=dict)
+    """On a GPU shared by several evaluations (``environment["device_shared"]`` says how many),
+    seconds within this one's phases: ``wait`` (for its turns on the device), ``measure`` (holding
+    it alone) and ``use`` (holding it beside other evaluations' untimed work). Empty: not shared."""
     environment: dict[str, str] = field(default_factory=dict)
     problem_bytes: dict[str, int | None] = field(default_factory=dict)
     """The problem's size, measured before anything was allocated: ``input_bytes``,

@@ -194,7 +194,7 @@ def tasks_check_command(
 
 def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
     """One problem of a self-check: its verdict's status, sizes, memory, baselines (and where their
-    timing went), phases and, on a shared GPU, its wait for the device."""
+    timing went), phases and, on a shared GPU, its turns on the device."""
     verdict = record.verdict or {}
     sizes = verdict.get("problem_bytes") or {}
     baselines = verdict.get("baselines") or {}
@@ -204,7 +204,7 @@ def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
             "baseline_ms": {name: stats["median_ms"] for name, stats in baselines.items()},
             "baseline_sources": verdict.get("baseline_sources") or {},
             "baseline_seconds": verdict.get("baseline_seconds") or {},
-            "phase_seconds": verdict.get("phase_seconds") or {}, "device_wait_s": verdict.get("device_wait_s"),
+            "phase_seconds": verdict.get("phase_seconds") or {}, "device_seconds": verdict.get("device_seconds") or {},
             "finished_at": record.finished_at}
 
 
