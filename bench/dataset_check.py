@@ -18,8 +18,9 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
 medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:
 counts, tasks a minute, median phases, on a shared GPU the medians of the verdicts' turns on it
 and the share of the wall time they held it alone (``device_held``), how busy the CPUs were, and
-``TORCHINDUCTOR_COMPILE_THREADS`` if set, which the reference workers' ``torch.compile`` keeps). A task whose check says nothing about it (``infra_error``,
-``harness_error``, e.g. the tasks the stop interrupted) is checked again by a later call.
+``TORCHINDUCTOR_COMPILE_THREADS`` if set, which the reference workers' ``torch.compile`` keeps).
+A task whose check says nothing about it (``infra_error``, ``harness_error``, e.g. the tasks the
+stop interrupted) is checked again by a later call.
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def run(args: argparse.Namespace) -> None:
         "machine": machine_details(), "data": str(args.data), "lanes_per_gpu": args.lanes_per_gpu,
         "left_before": left, "judged": judged, "counts": entry["counts"], "wall_s": entry["wall_s"],
         "returncode": entry["returncode"], **check_rates(entry), **check_medians(entry["problems"]),
-        "device_held": device_held(entry), "cpu_busy": entry["cpu_busy"], "compile_threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "default"),
+        "device_held": device_held(entry), "cpu_busy": entry["cpu_busy"],
+        "compile_threads": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "default"),
     }
     write_json(summary, args.out / f"dataset_check_{stamp}.json")
     print(f"judged {judged} ({entry['counts']}) in {entry['wall_s']:.0f} s: "

@@ -19,6 +19,7 @@ def test_the_driver_version_is_read_from_the_kernel_modules_banner(banner: str, 
     assert driver_from_banner(banner) == version
 
 
-@pytest.mark.parametrize("banner", ["", "NVRM version: unexpected", "NVRM version: NVIDIA UNIX Kernel Module for x86_64"])
+@pytest.mark.parametrize("banner", ["", "NVRM version: unexpected",
+                                    "NVRM version: NVIDIA UNIX Kernel Module for x86_64"])
 def test_a_banner_without_a_version_names_none(banner: str) -> None:
     assert driver_from_banner(banner) is None
