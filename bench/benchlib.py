@@ -275,23 +275,30 @@ def check_rates(entry: dict[str, Any]) -> dict[str, float | None]:
 
 
 def check_medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The median verdict, :func:`median_phases` and, on a shared GPU, the median of each verdict's
-    ``device_seconds`` (waiting for its turns, holding the GPU alone, holding it shared), over
-    ``rows`` (tasks check's problems)."""
+    """The median verdict, :func:`median_phases`, on a shared GPU the median of each verdict's
+    ``device_seconds`` (waiting for its turns, holding the GPU alone, holding it shared), and the
+    share of the baseline loops timed that ran out of budget, over ``rows`` (tasks check's problems)."""
     timed = [row["phase_seconds"] for row in rows if row["phase_seconds"].get("total")]
     turns = [row["device_seconds"] for row in rows if row.get("device_seconds")]
+    loops = [name in row.get("baseline_exhausted", ()) for row in rows
+             for name, source in row["baseline_sources"].items() if source == "timed"]
     return {"median_verdict_s": median([s["total"] for s in timed]), "median_phase_s": median_phases(timed),
-            "median_device_s": median_phases(turns) if turns else None}
+            "median_device_s": median_phases(turns) if turns else None,
+            "baseline_loops_exhausted": sum(loops) / len(loops) if loops else None}
 
 
 def device_held(entry: dict[str, Any]) -> dict[str, float] | None:
     """On a shared GPU, the share of a tasks-check run's wall time that its verdicts held the GPU
-    alone (``measure``) and that they waited for it, summed over lanes (``wait``, may exceed 1):
-    a ``measure`` share near 1 means the GPU's turns, not the lanes, set the pace."""
+    alone (``measure``), held it shared and waited for it, summed over lanes (``use`` and ``wait``
+    may exceed 1): a ``measure`` share near 1 means the GPU's turns, not the lanes, set the pace.
+    ``measure_p90_s``: the 90th percentile of one verdict's time alone on the GPU (timing loops
+    that run to their budget instead of their precision target make the long tail)."""
     turns = [row["device_seconds"] for row in entry["problems"] if row.get("device_seconds")]
     if not turns or not entry["wall_s"]:
         return None
-    return {kind: sum(t[kind] for t in turns) / entry["wall_s"] for kind in ("measure", "use", "wait")}
+    measured = sorted(t["measure"] for t in turns)
+    return {**{kind: sum(t[kind] for t in turns) / entry["wall_s"] for kind in ("measure", "use", "wait")},
+            "measure_p90_s": measured[int(0.9 * (len(measured) - 1))]}
 
 
 def sample_task_files(tasks: Path, n: int, folder: Path, seed: int = 0, avoid: set[str] | None = None) -> Path:

@@ -17,7 +17,8 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
 ``run`` writes ``checks_<time>.jsonl`` (one row per task it judged: status, error, the four baseline
 medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:
 counts, tasks a minute, median phases, on a shared GPU the medians of the verdicts' turns on it
-and the share of the wall time they held it alone (``device_held``), how busy the CPUs were, and
+and the share of the wall time they held it alone (``device_held``), the share of the baseline
+loops that ran out of budget, how busy the CPUs were, and
 ``TORCHINDUCTOR_COMPILE_THREADS`` if set, which the reference workers' ``torch.compile`` keeps).
 A task whose check says nothing about it (``infra_error``, ``harness_error``, e.g. the tasks the
 stop interrupted) is checked again by a later call.

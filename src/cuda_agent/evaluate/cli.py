@@ -193,8 +193,9 @@ def tasks_check_command(
 
 
 def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
-    """One problem of a self-check: its verdict's status, sizes, memory, baselines (and where their
-    timing went), phases and, on a shared GPU, its turns on the device."""
+    """One problem of a self-check: its verdict's status, sizes, memory, baselines (where their
+    timing went, and which loops ran out of budget before reaching their precision target), phases
+    and, on a shared GPU, its turns on the device."""
     verdict = record.verdict or {}
     sizes = verdict.get("problem_bytes") or {}
     baselines = verdict.get("baselines") or {}
@@ -203,6 +204,7 @@ def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
             "memory_mb": verdict.get("memory_mb") or {},
             "baseline_ms": {name: stats["median_ms"] for name, stats in baselines.items()},
             "baseline_sources": verdict.get("baseline_sources") or {},
+            "baseline_exhausted": sorted(name for name, stats in baselines.items() if stats.get("budget_exhausted")),
             "baseline_seconds": verdict.get("baseline_seconds") or {},
             "phase_seconds": verdict.get("phase_seconds") or {}, "device_seconds": verdict.get("device_seconds") or {},
             "finished_at": record.finished_at}
