@@ -118,3 +118,7 @@ def test_dataset_check_merge_gathers_rows_and_names_a_bad_line(tmp_path: Path) -
     assert forgot.returncode == 0, forgot.stderr
     assert "1 checks removed (a); the next run checks them again; no check held for b" in forgot.stdout
     assert pq.read_table(data / "checks.parquet").num_rows == 0
+    refused = subprocess.run([sys.executable, str(BENCH / "dataset_check.py"), "run", "--data", str(data),
+                              "--compile-threads", "0", "--out", str(tmp_path / "out")],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "--compile-threads: expected 'default' or a count >= 1, got '0'" in refused.stderr
