@@ -31,6 +31,17 @@ def test_an_input_the_output_ignores_is_flagged(tmp_path: Path) -> None:
     assert "input 1" in report.details[0]
 
 
+def test_a_forward_pass_that_writes_into_an_input_is_flagged(tmp_path: Path) -> None:
+    report = detect_degenerate(_task(tmp_path, "writes", "x + y.mul_(2.0)"))
+    assert report.flags == ["input-mutated"]
+    assert "writes into input 1" in report.details[0]
+    nan_input = _task(tmp_path, "nan_input", "x + torch.nan_to_num(y)").code.replace(
+        "torch.randn(32, 32)]", "torch.randn(32, 32).masked_fill(torch.rand(32, 32) < 0.1, float('nan'))]")
+    path = tmp_path / "nan_input.py"
+    path.write_text(nan_input)
+    assert "input-mutated" not in detect_degenerate(load_task(path)).flags  # NaN left as NaN is unchanged
+
+
 def test_constant_output_is_flagged(tmp_path: Path) -> None:
     report = detect_degenerate(_task(tmp_path, "constant", "torch.full_like(x, 3.0) + 0 * (x + y)"))
     assert "constant-output" in report.flags

@@ -22,7 +22,8 @@ def degeneracy_flags(model: Callable[..., object], get_inputs: Callable[[], Sequ
     """Flag name -> one-line detail for every degeneracy the reference output shows.
 
     Flags (see ``degenerate.detect_degenerate``): ``non-finite-output``, ``tiny-output``,
-    ``constant-output``, ``nondeterministic``, ``seed-insensitive``, ``input-ignored``.
+    ``constant-output``, ``nondeterministic``, ``seed-insensitive``, ``input-ignored``,
+    ``input-mutated``.
 
     Args:
         model: the reference model (called under ``torch.no_grad``).
@@ -40,24 +41,33 @@ def degeneracy_flags(model: Callable[..., object], get_inputs: Callable[[], Sequ
         with torch.device(device):
             return list(get_inputs())
 
-    def outputs_of(inputs: list) -> list[torch.Tensor]:
+    written: list[int] = []  # the inputs the first forward pass wrote into
+
+    def outputs_of(inputs: list, watch: bool = False) -> list[torch.Tensor]:
+        given = to_device(clone_tree(inputs), device)
         with torch.no_grad():
-            out = model(*to_device(clone_tree(inputs), device))
+            out = model(*given)
+        if watch:
+            written.extend(k for k, (before, after) in enumerate(zip(to_device(inputs, device), given))
+                           if isinstance(after, torch.Tensor) and not _unchanged(before, after))
         return [t.detach() for t in tensors_in(out) if t.is_floating_point()]  # compared where they are
 
-    def outputs_for(seed: int, redraw: int | None = None) -> list[torch.Tensor]:
+    def outputs_for(seed: int, redraw: int | None = None, watch: bool = False) -> list[torch.Tensor]:
         seed_all(seed)
         inputs = draw()
         if redraw is not None:
             seed_all(seed + 7919)
             inputs[redraw] = draw()[redraw]
         seed_all(seed)
-        return outputs_of(inputs)
+        return outputs_of(inputs, watch)
 
-    base = outputs_for(1)
+    base = outputs_for(1, watch=True)
     if not base:
         return {}
     flags = _magnitude_flags(base, atol)
+    if written:
+        flags["input-mutated"] = (f"forward() writes into input {written[0]}: a kernel judged on it may not "
+                                  "(the verdict's guard forbids it), so the reference cannot be its own candidate")
     seed_all(1)
     same = draw()  # the base inputs again, run without re-seeding: random ops show
     if _differ(base, outputs_of(same), 0.0):
@@ -85,6 +95,19 @@ def _magnitude_flags(outputs: list[torch.Tensor], atol: float) -> dict[str, str]
         elif spread <= 1e-6 * scale:
             flags["constant-output"] = f"output {i}: spread {spread:.3g} is negligible vs magnitude {scale:.3g}"
     return flags
+
+
+def _unchanged(before: object, after: torch.Tensor) -> bool:
+    """Whether a forward pass left the input ``after`` as it was given (``before``, a separate
+    copy): equal values, NaN equal to NaN (compared element by element only when they are not
+    plainly equal, so inputs without NaN cost no temporary of their size)."""
+    if not isinstance(before, torch.Tensor) or before.shape != after.shape or before.dtype != after.dtype:
+        return False
+    if torch.equal(before, after):
+        return True
+    if not (before.is_floating_point() or before.is_complex()):
+        return False
+    return bool(((before == after) | (torch.isnan(before) & torch.isnan(after))).all())
 
 
 def _differ(a: list[torch.Tensor], b: list[torch.Tensor], atol: float) -> bool:

@@ -45,7 +45,8 @@ def detect_degenerate(task: Task, device: str = "cpu", seeds: int = 3, atol: flo
     ``tiny-output`` (an output's magnitude is below ``atol``, so all-zeros would pass a loose
     tolerance), ``seed-insensitive`` (different input seeds give the same outputs),
     ``input-ignored`` (re-drawing one input leaves the outputs unchanged), ``non-finite-output``,
-    ``nondeterministic`` (same inputs, different outputs).
+    ``nondeterministic`` (same inputs, different outputs), ``input-mutated`` (the forward pass
+    writes into an input: a candidate may not, so the reference cannot be judged as its own).
     """
     scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-degenerate-"))
     worker = WorkerProcess("cuda_agent.environment.reference_worker", env=child_env(), cwd=scratch,

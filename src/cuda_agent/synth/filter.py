@@ -8,6 +8,8 @@ Each rule is a named reason, so a run can report its funnel. In order (cheapest 
 ``degenerate-output``   outputs are near-constant, tiny relative to the tolerance, or not finite
 ``nondeterministic``    two runs on the same inputs differ (random ops in ``forward``)
 ``input-independent``   different input seeds, or re-drawing one input, leave the outputs unchanged
+``writes-input``        the forward pass writes into an input (a candidate may not: the verdict's
+                        guard flags it, so the task's own reference could not pass its self-check)
 ``too-fast`` / ``too-slow``  eager time outside ``window_ms`` (paper: 1-100 ms on the target GPU)
 ``compile-error``       ``torch.compile(Model)`` fails to build or run
 ``timeout`` / ``worker-died``  the task hung or killed its worker
@@ -40,7 +42,7 @@ from cuda_agent.synth.devices import LaneDevice
 from cuda_agent.synth.records import TaskRecord
 
 REASONS = ("import-error", "eager-error", "too-much-memory", "degenerate-output", "nondeterministic",
-           "input-independent", "too-fast", "too-slow", "compile-error", "timeout", "worker-died")
+           "input-independent", "writes-input", "too-fast", "too-slow", "compile-error", "timeout", "worker-died")
 """Every reason a task can be rejected for, in the order the rules run."""
 
 _DEGENERACY_REASONS = {
@@ -50,6 +52,7 @@ _DEGENERACY_REASONS = {
     "constant-output": "degenerate-output",
     "tiny-output": "degenerate-output",
     "non-finite-output": "degenerate-output",
+    "input-mutated": "writes-input",
 }
 
 DEFAULT_WINDOWS_MS = {"cuda": (1.0, 100.0), "cpu": (0.5, 1000.0)}
