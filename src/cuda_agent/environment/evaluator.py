@@ -96,7 +96,7 @@ class _Evaluation:
         self.prestarted = prestarted
         self.share = share
         self._device_seconds = {"wait": 0.0, "measure": 0.0, "use": 0.0}
-        """Seconds spent waiting for a shared GPU (other evaluations' device work)."""
+        """On a shared GPU: seconds waiting for turns, holding it alone, holding it beside others."""
         self.slot: WorkerSlot | None = None
         self.plan: MemoryPlan | None = None
         self._phase_name, self._phase_started = "guards", time.monotonic()
