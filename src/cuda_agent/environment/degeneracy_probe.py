@@ -99,15 +99,13 @@ def _magnitude_flags(outputs: list[torch.Tensor], atol: float) -> dict[str, str]
 
 def _unchanged(before: object, after: torch.Tensor) -> bool:
     """Whether a forward pass left the input ``after`` as it was given (``before``, a separate
-    copy): equal values, NaN equal to NaN (compared element by element only when they are not
-    plainly equal, so inputs without NaN cost no temporary of their size)."""
-    if not isinstance(before, torch.Tensor) or before.shape != after.shape or before.dtype != after.dtype:
+    copy): equal values, NaN equal to NaN (:func:`_differ` at zero tolerance, reached only when
+    they are not plainly equal, so inputs without NaN cost no temporary of their size)."""
+    if not isinstance(before, torch.Tensor) or before.dtype != after.dtype:
         return False
     if torch.equal(before, after):
         return True
-    if not (before.is_floating_point() or before.is_complex()):
-        return False
-    return bool(((before == after) | (torch.isnan(before) & torch.isnan(after))).all())
+    return (before.is_floating_point() or before.is_complex()) and not _differ([before], [after], 0.0)
 
 
 def _differ(a: list[torch.Tensor], b: list[torch.Tensor], atol: float) -> bool:
