@@ -8,17 +8,19 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
 ``synth_multi_gpu.py publish`` and ``cuda-agent synth card --checks`` read them.
 
     # on the GPU machine (the data folder travels with the working tree)
-    python bench/dataset_check.py run --data data/ops-2k-h200 --minutes 8.5 --out $OUT
+    python bench/dataset_check.py run --data data/ops-3k-h200 --minutes 8.5 --out $OUT
     # here, with the rows it returned
-    python bench/dataset_check.py merge --data data/ops-2k-h200 checks_*.jsonl
+    python bench/dataset_check.py merge --data data/ops-3k-h200 checks_*.jsonl
     # a check made under conditions since fixed: judged again by a later run
-    python bench/dataset_check.py forget --data data/ops-2k-h200 ecfc34a1085db432
+    python bench/dataset_check.py forget --data data/ops-3k-h200 ecfc34a1085db432
 
 ``run`` writes ``checks_<time>.jsonl`` (one row per task it judged: status, error, the four baseline
 medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:
 counts, tasks a minute, median phases, on a shared GPU the medians of the verdicts' turns on it
 and the share of the wall time they held it alone (``device_held``), the share of the baseline
-loops that ran out of budget, how busy the CPUs were, and ``--compile-threads``).
+loops that ran out of budget, how busy the CPUs were, and ``--compile-threads``), and
+``verdicts_<time>.jsonl`` (each verdict's phases, turns on the GPU, baseline loops and when it
+finished, with whether its workers were prestarted: where a slow run's time went).
 A task whose check says nothing about it (``infra_error``, ``harness_error``, e.g. the tasks the
 stop interrupted) is checked again by a later call.
 """
@@ -70,6 +72,7 @@ def run(args: argparse.Namespace) -> None:
     rows = checks.rows_from_store(run_dir) if run_dir.exists() else []
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"checks_{stamp}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (args.out / f"verdicts_{stamp}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in entry["problems"]))
     judged = sum(row["status"] not in checks.RETRIED for row in rows)
     summary: dict[str, Any] = {
         "machine": machine_details(), "data": str(args.data), "lanes_per_gpu": args.lanes_per_gpu,

@@ -70,8 +70,8 @@ def test_a_shared_device_is_held_alone_to_measure_and_beside_others_for_the_rest
         verdict = future.result(timeout=300)
     assert verdict.status is Status.CORRECT, verdict.error
     assert verdict.baseline_sources == {"eager_tf32_off": "timed"}
-    # prepare, baselines, load and verify, the candidate's timing, the check after it, teardown
-    assert [kind for kind, _, _ in holds] == ["use", "measure", "use", "measure", "use", "use"]
+    # prepare, baselines, load and verify, the candidate's timing, the check after it with teardown
+    assert [kind for kind, _, _ in holds] == ["use", "measure", "use", "measure", "use"]
     assert holds[0][2] < released_at  # it loaded its problem beside the other's work ...
     assert holds[1][1] < released_at <= holds[1][2]  # ... and measured only after it
     assert verdict.environment["device_shared"] == "2 evaluations at once"

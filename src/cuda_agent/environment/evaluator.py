@@ -97,6 +97,13 @@ class _Evaluation:
         self.share = share
         self._device_seconds = {"wait": 0.0, "measure": 0.0, "use": 0.0}
         """On a shared GPU: seconds waiting for turns, holding it alone, holding it beside others."""
+        self._using = False
+        """Whether this evaluation holds the shared GPU for untimed work now (device work nested in
+        that hold takes no turn of its own)."""
+        self._kept_for_teardown = contextlib.ExitStack()
+        """The last phase's hold, kept open through the teardown that follows it: a second turn
+        would queue behind every measurement asked for meanwhile (one H200's self-check waited
+        ~1.7 s a turn)."""
         self.slot: WorkerSlot | None = None
         self.plan: MemoryPlan | None = None
         self._phase_name, self._phase_started = "guards", time.monotonic()
@@ -114,10 +121,11 @@ class _Evaluation:
             self.verdict.status, self.verdict.error = stop.status, stop.error
         finally:
             self._begin("teardown")
-            if self.slot is not None:
-                with self._on_device():  # ending its workers' contexts is device work too
-                    self._record_memory()
-                    self.slot.close()
+            with self._kept_for_teardown:
+                if self.slot is not None:
+                    with self._on_device():  # ending its workers' contexts is device work too
+                        self._record_memory()
+                        self.slot.close()
             self.verdict.phase_seconds["total"] = self._begin("") - started  # the same clock reads as the phases
             if self.share is not None:
                 self.verdict.environment["device_shared"] = f"{self.share.evaluations} evaluations at once"
@@ -163,8 +171,8 @@ class _Evaluation:
             self._profile(baselines)
         if self.config.verify.post_timing_check:
             self._begin("post_timing")
-            with self._on_device():
-                self._verify(self._prepare_trials([(len(sum(batches, [])), "post_timing")]))
+            self._kept_for_teardown.enter_context(self._on_device())
+            self._verify(self._prepare_trials([(len(sum(batches, [])), "post_timing")]))
 
     def _load_and_verify(self, built: BuiltSolution, batches: list[list[tuple[int, str]]],
                          first: list[tuple[int, str, Any]] | None) -> None:
@@ -191,17 +199,20 @@ class _Evaluation:
     @contextlib.contextmanager
     def _on_device(self, measure: bool = False) -> Iterator[None]:
         """Device work: on a shared GPU, a ``measure``-ment holds it alone, other work beside other
-        evaluations' untimed work."""
-        if self.share is None:
+        evaluations' untimed work. Untimed work inside such a hold takes no turn of its own."""
+        if self.share is None or (self._using and not measure):
             yield
             return
+        assert not self._using, "a measurement asked for inside a shared hold would wait for itself"
         asked = time.monotonic()
         with self.share.measure() if measure else self.share.use():
             entered = time.monotonic()
             self._device_seconds["wait"] += entered - asked
+            self._using = not measure
             try:
                 yield
             finally:
+                self._using = False
                 self._device_seconds["measure" if measure else "use"] += time.monotonic() - entered
 
     def _begin(self, name: str) -> float:
