@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cuda_agent.environment import TimingConfig, load_tasks
+from cuda_agent.environment.timed_cpus import thread_siblings
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO / "examples"
@@ -34,6 +35,7 @@ def machine_details() -> dict[str, Any]:
 
     details: dict[str, Any] = {
         "host": platform.node(), "machine": platform.machine(), "cpu": _cpu_model(), "cpu_cores": os.cpu_count(),
+        "threads_per_core": len(thread_siblings(0)),  # a lane's timed CPU keeps its siblings free too
         "python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
         "gpu": None, "gpu_count": 0, "driver": None,
         "nvcc": _first_line(["nvcc", "--version"], last=True), "cxx": _first_line(["c++", "--version"]),

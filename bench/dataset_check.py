@@ -20,7 +20,8 @@ counts, tasks a minute, median phases, on a shared GPU the medians of the verdic
 and the share of the wall time they held it alone (``device_held``), the share of the baseline
 loops that ran out of budget, how busy the CPUs were, and ``--compile-threads``), and
 ``verdicts_<time>.jsonl`` (each verdict's phases, turns on the GPU, baseline loops and when it
-finished, with whether its workers were prestarted: where a slow run's time went).
+finished, with whether its workers were prestarted and the CPUs they ran on: where a slow run's
+time went).
 A task whose check says nothing about it (``infra_error``, ``harness_error``, e.g. the tasks the
 stop interrupted) is checked again by a later call.
 """

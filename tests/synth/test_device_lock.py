@@ -1,6 +1,7 @@
 """The device lock: a measurement holds its device alone, untimed device work holds it beside
-other untimed work (also another process's) but never beside a measurement, and a waiting
-measurement goes before untimed work that arrives after it."""
+other untimed work (also another process's) but never beside a measurement, a waiting
+measurement goes before untimed work that arrives after it, and untimed work that waited for a
+measurement goes in together, before the next one."""
 
 from __future__ import annotations
 
@@ -95,6 +96,39 @@ def test_a_waiting_measurement_goes_before_untimed_work_of_another_process_that_
         release_late.set()
         measure_thread.join()
         late_thread.join()
+    finally:
+        if not child.stdin.closed:
+            child.stdin.close()
+        assert child.wait(30) == 0
+
+
+def test_untimed_work_that_waited_for_a_measurement_goes_in_together_before_the_next_measurement() -> None:
+    """While another process measures: one evaluation asks for untimed work, then one for a
+    measurement, then one for untimed work. When the first measurement ends both untimed holders go
+    in at once, and the second measurement waits for both (in the order asked, the untimed work
+    would alternate with measurements and barely overlap)."""
+    device = f"test-{secrets.token_hex(4)}"
+    code = ("import sys\nfrom cuda_agent.synth import device_lock\n"
+            f"with device_lock.measuring({device!r}):\n    print('held', flush=True)\n    sys.stdin.read()\n")
+    child = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "held"
+        first, release_first, first_thread = _holder(lambda: device_lock.using(device))
+        assert not first.wait(WAIT_S)  # the child measures
+        measured, release_measure, measure_thread = _holder(lambda: device_lock.measuring(device))
+        assert not measured.wait(WAIT_S)
+        second, release_second, second_thread = _holder(lambda: device_lock.using(device))
+        assert not second.wait(WAIT_S)
+        child.stdin.close()
+        assert first.wait(5) and second.wait(5)  # both at once, before the measurement asked for between them
+        assert not measured.wait(WAIT_S)
+        release_first.set()
+        assert not measured.wait(WAIT_S)  # one untimed holder is left
+        release_second.set()
+        assert measured.wait(5)
+        release_measure.set()
+        for thread in (first_thread, second_thread, measure_thread):
+            thread.join()
     finally:
         if not child.stdin.closed:
             child.stdin.close()
