@@ -18,7 +18,7 @@ from cuda_agent.synth import device_lock
 
 from support import SMALL_RELU_TASK, child_pids
 
-HELD_S = 6.0
+BLOCKED_S = 1.0  # long enough for a measurement that is not blocked to enter its hold
 
 
 def _task_and_selfcheck(folder: Path) -> tuple[Path, Path]:
@@ -37,11 +37,14 @@ def test_a_shared_device_is_held_alone_to_measure_and_beside_others_for_the_rest
     loads its problem beside it and waits to measure until it ends."""
     device = f"test-{secrets.token_hex(4)}"
     holds: list[tuple[str, float, float]] = []  # (kind, asked at, entered at)
+    measure_asked = threading.Event()
 
     def recorded(kind: str, hold):
         @contextlib.contextmanager
         def entered():
             asked = time.monotonic()
+            if kind == "measure":
+                measure_asked.set()
             with hold(device):
                 holds.append((kind, asked, time.monotonic()))
                 yield
@@ -54,7 +57,7 @@ def test_a_shared_device_is_held_alone_to_measure_and_beside_others_for_the_rest
     def other_evaluation() -> None:
         with device_lock.using(device):
             other_started.set()
-            other_release.wait(60)
+            other_release.wait(300)
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         other = pool.submit(other_evaluation)
@@ -62,8 +65,9 @@ def test_a_shared_device_is_held_alone_to_measure_and_beside_others_for_the_rest
         started = time.monotonic()
         task, solution = _task_and_selfcheck(tmp_path)
         future = pool.submit(evaluate, load_task(task), solution, plain_torch_config, share=share)
-        time.sleep(HELD_S)
-        assert not future.done(), "the evaluation measured while another's device work ran"
+        assert measure_asked.wait(240), "the evaluation never asked to measure"
+        time.sleep(BLOCKED_S)  # however slow the host, the request is made before the release
+        assert [kind for kind, _, _ in holds] == ["use"], "the evaluation measured while another's device work ran"
         released_at = time.monotonic()
         other_release.set()
         other.result()
