@@ -67,6 +67,7 @@ def test_a_shared_device_is_held_alone_to_measure_and_beside_others_for_the_rest
         future = pool.submit(evaluate, load_task(task), solution, plain_torch_config, share=share)
         assert measure_asked.wait(240), "the evaluation never asked to measure"
         time.sleep(BLOCKED_S)  # however slow the host, the request is made before the release
+        assert not future.done(), "the evaluation measured while another's device work ran"
         assert [kind for kind, _, _ in holds] == ["use"], "the evaluation measured while another's device work ran"
         released_at = time.monotonic()
         other_release.set()
