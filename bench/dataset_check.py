@@ -41,14 +41,16 @@ from benchlib import Budget, check_medians, check_rates, device_held, machine_de
 from cuda_agent.synth import checks
 
 
-def write_slice(data: Path, seed: int, folder: Path) -> tuple[Path, int]:
-    """The set's tasks without a check, in ``seed``'s order, as a Parquet of the set's own
-    columns; and how many there are."""
+def write_slice(data: Path, seed: int, folder: Path, reverse: bool = False) -> tuple[Path, int]:
+    """The set's tasks without a check, in ``seed``'s order (from its end with ``reverse``), as a
+    Parquet of the set's own columns; and how many there are."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(data / "tasks.parquet")
     left = checks.to_check(table.column("id").to_pylist(), checks.read(data / checks.CHECKS), seed)
+    if reverse:
+        left.reverse()
     position = {task: index for index, task in enumerate(table.column("id").to_pylist())}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tasks.parquet"
@@ -60,7 +62,7 @@ def run(args: argparse.Namespace) -> None:
     budget = Budget(args.minutes * 60)
     stamp = int(time.time())
     work = args.work / str(stamp)
-    tasks, left = write_slice(args.data, args.seed, work / "slice")
+    tasks, left = write_slice(args.data, args.seed, work / "slice", args.reverse)
     print(f"{left} tasks of {args.data} without a check; checking for {args.minutes:g} minutes", flush=True)
     if not left:
         return
@@ -129,6 +131,9 @@ def main() -> None:
                             "instead of a pool started per worker")
     check.add_argument("--gpus", default=None, help="GPUs to use, e.g. 0,1 (default: all visible)")
     check.add_argument("--seed", type=int, default=0, help="the order the unchecked tasks are taken in")
+    check.add_argument("--reverse", action="store_true",
+                       help="take the tasks from the end of --seed's order: a second run on other GPUs of the host "
+                            "(e.g. one the GPU tests used first) judges other tasks than one going forward")
     check.add_argument("--work", type=Path, default=Path("/tmp/dataset-check"))
     check.add_argument("--out", type=Path, required=True, help="where the rows and the summary are written")
     gather = steps.add_parser("merge", help="add a run's rows to the data folder's checks.parquet")
