@@ -7,7 +7,9 @@ parts when larger: ``.part0``, ``.part1``, ...). Copy what comes back to ``--sta
 call and name it (or its parts) in the call's ``carry`` (``runs/`` is git-ignored, so it does not
 travel otherwise). The archive holds the run's records only (the
 journal, composed tasks, run records, settings and seed catalogue, ~10 MiB for 20,000 seeds); the
-data files and the card are written again from them.
+data files and the card are written again from them. The state is also packed as the step goes
+(each minute, from a batch report), so a call killed at its limit still returns its last minute's
+work (without that call's line in the run records, which is written at its end).
 
 On a 4-GPU H100 host (64 cores; a 2-GPU or H200 host runs the same), each step one call:
 
@@ -55,6 +57,7 @@ nothing): ``python bench/synth_multi_gpu.py measure --device cpu --n 6 --lanes-p
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import glob
 import io
 import json
@@ -106,7 +109,10 @@ def state_parts(state: Path) -> list[Path]:
 
 
 def pack(work: Path, out: Path) -> list[Path]:
-    """Archive ``work``'s records into ``out`` (one file, or parts under :data:`PART_BYTES`)."""
+    """Archive ``work``'s records into ``out`` (one file, or parts under :data:`PART_BYTES`).
+
+    Each file is written beside its name and then renamed over it, so a call killed while packing
+    leaves the previous archive whole (one file; of parts, each is whole)."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=6) as archive:
         for name in STATE_FILES:
@@ -114,17 +120,48 @@ def pack(work: Path, out: Path) -> list[Path]:
                 archive.add(work / name, arcname=name)
     data = buffer.getvalue()
     out.mkdir(parents=True, exist_ok=True)
-    for stale in glob.glob(str(out / f"{ARCHIVE}*")):
-        os.unlink(stale)
     if len(data) <= PART_BYTES:
         written = [out / ARCHIVE]
-        written[0].write_bytes(data)
     else:
         written = [out / f"{ARCHIVE}.part{index}" for index in range((len(data) + PART_BYTES - 1) // PART_BYTES)]
-        for index, path in enumerate(written):
-            path.write_bytes(data[index * PART_BYTES:(index + 1) * PART_BYTES])
-    print(f"packed {len(data) / 2**20:.1f} MiB of state into {', '.join(path.name for path in written)}")
+    for index, path in enumerate(written):
+        partial = path.with_name(path.name + ".writing")
+        partial.write_bytes(data[index * PART_BYTES:(index + 1) * PART_BYTES])
+        os.replace(partial, path)
+    for stale in set(glob.glob(str(out / f"{ARCHIVE}*"))) - {str(path) for path in written}:
+        os.unlink(stale)
+    print(f"packed {len(data) / 2**20:.1f} MiB of state into {', '.join(path.name for path in written)}", flush=True)
     return written
+
+
+class Snapshots:
+    """The state packed into ``out`` as a call goes, so that nothing done is lost with the call.
+
+    A call that outlives its device command's limit is killed before ``main`` packs (the third
+    build call of 2026-11-29 stopped reporting at 209 s of its 480 and lost all its work): every
+    ``every_s`` a batch report packs the state, which is quiet then (the pipeline writes it from
+    the thread that reports). And when no batch has come for ``stall_s``, every thread's stack goes
+    to stderr (again each ``stall_s``), which says where such a call waits.
+    """
+
+    def __init__(self, work: Path, out: Path, every_s: float = 60.0, stall_s: float = 120.0) -> None:
+        self.work, self.out, self.every_s, self.stall_s = work, out, every_s, stall_s
+        self.packed_at: float | None = None
+
+    def __enter__(self) -> Snapshots:
+        faulthandler.dump_traceback_later(self.stall_s, repeat=True)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        faulthandler.cancel_dump_traceback_later()
+
+    def batch(self) -> None:
+        """A batch was decided: the stall clock starts again; pack if the last pack is old."""
+        faulthandler.dump_traceback_later(self.stall_s, repeat=True)
+        now = time.monotonic()
+        if self.packed_at is None or now - self.packed_at >= self.every_s:
+            pack(self.work, self.out)
+            self.packed_at = now
 
 
 def composer_for(work: Path, device: str) -> DeterministicComposer:
@@ -147,15 +184,18 @@ def phase(name: str, work: Path, args: argparse.Namespace, gpus: list[str], minu
                        devices=tuple(gpus), time_limit_s=minutes * 60, batch_size=25,
                        benchmark=args.benchmark)
     series: list[RunStatus] = []
+    snapshots = Snapshots(work, args.out)
 
     def report(status: RunStatus) -> None:
         series.append(status)
         print(f"[{name} {status.elapsed_s:6.0f} s] accepted {status.accepted} of {status.decided}; composed "
               f"{status.composed}/{status.seeds}, queued {status.queued}", flush=True)
+        snapshots.batch()
 
     families = {op.name: op.family for op in composer.catalogue.ops}
-    numbers = run(config, work, composer, families=families, on_batch=report,
-                  command=f"bench/synth_multi_gpu.py {args.step} ({name})")
+    with snapshots:
+        numbers = run(config, work, composer, families=families, on_batch=report,
+                      command=f"bench/synth_multi_gpu.py {args.step} ({name})")
     this_run = numbers["this_run"]
     seconds, accepted = this_run["seconds"], this_run["accepted"]
     steady = [status for status in series if status.elapsed_s >= args.warmup_s]

@@ -96,25 +96,6 @@ def test_generation_speed_bench_times_a_decoding_step_per_setting(tmp_path: Path
     assert all(r["steps"] >= 1 and r["step_ms"] > 0 for r in settings.values())
 
 
-def test_dataset_check_reverse_slice_takes_the_same_order_from_its_end(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two runs side by side (one ``--reverse``) judge different tasks until the order runs out."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    monkeypatch.syspath_prepend(str(BENCH))
-    import dataset_check
-
-    data = tmp_path / "data"
-    data.mkdir()
-    pq.write_table(pa.table({"id": [f"t{i}" for i in range(6)], "code": [""] * 6}), data / "tasks.parquet")
-    ahead, count = dataset_check.write_slice(data, 3, tmp_path / "ahead")
-    behind, _ = dataset_check.write_slice(data, 3, tmp_path / "behind", reverse=True)
-    forward = pq.read_table(ahead).column("id").to_pylist()
-    assert count == 6 and sorted(forward) == [f"t{i}" for i in range(6)]
-    assert pq.read_table(behind).column("id").to_pylist() == forward[::-1]
-
-
 def test_dataset_check_merge_gathers_rows_and_names_a_bad_line(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
