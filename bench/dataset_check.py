@@ -8,19 +8,20 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
 ``synth_multi_gpu.py publish`` and ``cuda-agent synth card --checks`` read them.
 
     # on the GPU machine (the data folder travels with the working tree)
-    python bench/dataset_check.py run --data data/ops-3k-h200 --minutes 8.5 --out $OUT
+    python bench/dataset_check.py run --data data/ops-4k-h200 --minutes 8.5 --out $OUT
     # here, with the rows it returned
-    python bench/dataset_check.py merge --data data/ops-3k-h200 checks_*.jsonl
+    python bench/dataset_check.py merge --data data/ops-4k-h200 checks_*.jsonl
     # a check made under conditions since fixed: judged again by a later run
-    python bench/dataset_check.py forget --data data/ops-3k-h200 ecfc34a1085db432
+    python bench/dataset_check.py forget --data data/ops-4k-h200 ecfc34a1085db432
 
 ``run`` writes ``checks_<time>.jsonl`` (one row per task it judged: status, error, the four baseline
 medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:
 counts, tasks a minute, median phases, on a shared GPU the medians of the verdicts' turns on it
-and the share of the wall time they held it alone (``device_held``), the share of the baseline
+and the share of the wall time they held it alone (``device_held``), each GPU's timeline (held
+alone, shared, unheld: ``bench/gpu_timeline.py``), the share of the baseline
 loops that ran out of budget, how busy the CPUs were, and ``--compile-threads``), and
-``verdicts_<time>.jsonl`` (each verdict's phases, turns on the GPU, baseline loops and when it
-finished, with whether its workers were prestarted and the CPUs they ran on: where a slow run's
+``verdicts_<time>.jsonl`` (each verdict's phases, turns on the GPU, baseline loops, lane and when
+it finished, with whether its workers were prestarted and the CPUs they ran on: where a slow run's
 time went).
 A task whose check says nothing about it (``infra_error``, ``harness_error``, e.g. the tasks the
 stop interrupted) is checked again by a later call.
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import Budget, check_medians, check_rates, device_held, machine_details, tasks_check, write_json
+from gpu_timeline import gpu_timeline
 
 from cuda_agent.synth import checks
 
@@ -81,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
         "machine": machine_details(), "data": str(args.data), "lanes_per_gpu": args.lanes_per_gpu,
         "left_before": left, "judged": judged, "counts": entry["counts"], "wall_s": entry["wall_s"],
         "returncode": entry["returncode"], **check_rates(entry), **check_medians(entry["problems"]),
-        "device_held": device_held(entry), "cpu_busy": entry["cpu_busy"],
+        "device_held": device_held(entry), "gpu_timeline": gpu_timeline(entry["problems"]), "cpu_busy": entry["cpu_busy"],
         "compile_threads": args.compile_threads,
     }
     write_json(summary, args.out / f"dataset_check_{stamp}.json")

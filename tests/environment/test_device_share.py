@@ -84,6 +84,11 @@ def test_a_shared_device_is_held_alone_to_measure_and_beside_others_for_the_rest
     assert waited == pytest.approx(sum(entered - asked for _, asked, entered in holds), abs=0.05)
     assert waited >= released_at - holds[1][1]
     assert verdict.device_seconds["measure"] > 0 and verdict.device_seconds["use"] > 0
+    turns = verdict.device_turns  # the same turns, each with the phase it served
+    assert [(turn["phase"], turn["mode"]) for turn in turns] == [
+        ("prepare", "use"), ("baselines", "measure"), ("load", "use"), ("profile", "measure"), ("post_timing", "use")]
+    assert [turn["wait_s"] for turn in turns] == pytest.approx([entered - asked for _, asked, entered in holds], abs=0.05)
+    assert sum(turn["held_s"] for turn in turns if turn["mode"] == "measure") == verdict.device_seconds["measure"]
     assert verdict.phase_seconds["total"] >= released_at - started - 0.5
     assert child_pids() == [] and list(scratch_dir.iterdir()) == []
 

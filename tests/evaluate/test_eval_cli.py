@@ -215,6 +215,7 @@ def test_tasks_check_judges_each_reference_as_its_own_candidate_and_resumes(cli,
     assert row["baseline_ms"]["eager_tf32_off"] > 0 and row["memory_mb"]["reference"]["peak_host_mb"] > 0
     assert "verify" in row["phase_seconds"] and isinstance(row["prestarted"], bool)
     assert row["timed_cpus"] == "not set apart"  # the CPU backend times on torch's own threads
+    assert row["worker"] and row["device_turns"] == []  # the lane that judged it; a GPU of its own: no turns
     # timed now (seconds for each variant) or from the suite's shared cache (none)
     timed = {v for v, source in row["baseline_sources"].items() if source == "timed"}
     assert set(row["baseline_sources"]) == {"eager_tf32_off"} and set(row["baseline_seconds"]) == timed

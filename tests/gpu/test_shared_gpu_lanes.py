@@ -41,6 +41,10 @@ def test_two_lanes_share_one_gpu_and_judge_every_self_check(make_cuda_config, tm
     for result in results:
         verdict = result.verdict
         assert verdict.environment["device_shared"] == "2 evaluations at once" and set(verdict.device_seconds) == {"wait", "measure", "use"}
+        turns = [(turn["phase"], turn["mode"]) for turn in verdict.device_turns]
+        prestarted = [("slot_warm", "use")] if verdict.environment["prestarted"] else []  # made its contexts
+        assert turns == [*prestarted, ("prepare", "use"), ("baselines", "measure"), ("load", "use"),
+                         ("profile", "measure"), ("post_timing", "use")]
         assert set(verdict.baseline_sources.values()) == {"timed"}
         assert "compile_unheld" in verdict.baseline_seconds  # code generation ran without the GPU held,
         assert verdict.baseline_seconds["compile"] < 0.05  # for both TF32 settings: nothing left to compile

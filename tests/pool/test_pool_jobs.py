@@ -95,6 +95,7 @@ def test_verdict_round_trips_through_its_json_form() -> None:
                     "error_ratio": None}],
         "build": {"cached": True, "seconds": 0.1, "key": "k", "log_tail": "", "compile_stats": {}}, "notes": [],
         "phase_seconds": {"total": 1.0}, "device_seconds": {"wait": 0.5, "measure": 0.2, "use": 0.1},
+        "device_turns": [{"phase": "profile", "mode": "measure", "asked_at": 1.0, "wait_s": 0.5, "held_s": 0.2}],
         "environment": {"torch": "2.13", "device_shared": "2 evaluations at once"},
         "problem_bytes": {"input_bytes": 16, "output_bytes": None},
         "memory_mb": {"reference": {"loaded_host_mb": 300.0, "peak_host_mb": 310.5}},

@@ -161,6 +161,7 @@ class _Evaluation:
             built = self._finish_build(build)
         self._begin("baselines")
         baselines = self._baselines() if self.profile else {}  # before any candidate code runs
+        self._begin("load")  # its turn on a shared GPU counts as the load's
         with self._on_device():
             self._load_and_verify(built, batches, first)
         if not self.profile:
@@ -176,8 +177,7 @@ class _Evaluation:
 
     def _load_and_verify(self, built: BuiltSolution, batches: list[list[tuple[int, str]]],
                          first: list[tuple[int, str, Any]] | None) -> None:
-        """The candidate's first phases: load it, verify every trial."""
-        self._begin("load")
+        """The candidate's first phases (``load`` has begun): load it, verify every trial."""
         with ThreadPoolExecutor(max_workers=1) as pool:
             # The reference makes the first input sets while the candidate loads; this thread keeps
             # watching the candidate's limits.
@@ -204,7 +204,8 @@ class _Evaluation:
             yield
             return
         assert not self._using, "a measurement asked for inside a shared hold would wait for itself"
-        asked = time.monotonic()
+        mode, phase = "measure" if measure else "use", self._phase_name
+        asked, asked_at = time.monotonic(), time.time()
         with self.share.measure() if measure else self.share.use():
             entered = time.monotonic()
             self._device_seconds["wait"] += entered - asked
@@ -213,7 +214,10 @@ class _Evaluation:
                 yield
             finally:
                 self._using = False
-                self._device_seconds["measure" if measure else "use"] += time.monotonic() - entered
+                held = time.monotonic() - entered
+                self._device_seconds[mode] += held
+                self.verdict.device_turns.append({"phase": phase, "mode": mode, "asked_at": asked_at,
+                                                  "wait_s": entered - asked, "held_s": held})
 
     def _begin(self, name: str) -> float:
         """End the running phase (its seconds go to ``phase_seconds``) and start ``name`` now (returned)."""
@@ -256,6 +260,8 @@ class _Evaluation:
         self.verdict.environment["prestarted"] = self.slot is not None
         if self.slot is None:
             self.slot = WorkerSlot(self.config, evaluations=1 if self.share is None else self.share.evaluations)
+        if self.share is not None:  # the shared GPU's turn that made the slot's device contexts
+            self.verdict.device_turns += self.slot.device_turns
         split = self.slot.cpu_split
         self.verdict.environment["timed_cpus"] = split.describe() if split is not None else "not set apart"
 

@@ -17,8 +17,9 @@ import queue
 import shutil
 import tempfile
 import threading
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from cuda_agent.environment import sandbox
 from cuda_agent.environment.config import EvalConfig
@@ -71,6 +72,9 @@ class WorkerSlot:
         self._close_lock, self._closed = threading.Lock(), False
         self.on_close: Callable[[], None] | None = None
         """Called once the slot is closed (a :class:`Prestarter` that starts the next slot only then)."""
+        self.device_turns: list[dict[str, Any]] = []
+        """The turn :meth:`warm` held ``device_gate`` for, in the form of ``Verdict.device_turns``
+        (phase ``slot_warm``): on a shared GPU, the verdict that takes the slot reports it."""
         self.scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-", dir=config.scratch_dir or default_scratch_root()))
         self.scratch.chmod(0o711)  # the sandbox user may enter it, not list it
         self.reference: WorkerProcess | None = None
@@ -131,10 +135,15 @@ class WorkerSlot:
             worker.wait_background(timeout_s)
         if self.device == "cpu":
             return
+        asked, asked_at = time.monotonic(), time.time()
         with device_gate or contextlib.nullcontext():
+            entered = time.monotonic()
             self._send_warm(self.device)
             for worker in (self.reference, self.candidate):
                 worker.wait_background(timeout_s)
+        if device_gate is not None:
+            self.device_turns.append({"phase": "slot_warm", "mode": "use", "asked_at": asked_at,
+                                      "wait_s": entered - asked, "held_s": time.monotonic() - entered})
         if compile_mode is not None:
             self.reference.send({"op": "warm_compile", "device": self.device, "mode": compile_mode}, background=True)
             self.reference.wait_background(timeout_s)

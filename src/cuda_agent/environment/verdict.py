@@ -132,6 +132,13 @@ class Verdict:
     """On a GPU shared by several evaluations (``environment["device_shared"]`` says how many),
     seconds within this one's phases: ``wait`` (for its turns on the device), ``measure`` (holding
     it alone) and ``use`` (holding it beside other evaluations' untimed work). Empty: not shared."""
+    device_turns: list[dict[str, Any]] = field(default_factory=list)
+    """On a shared GPU, each of this verdict's turns on it in order: the ``phase`` it served
+    (``slot_warm`` first: its prestarted workers making their device contexts, before the
+    verdict began), its ``mode`` (``measure`` or ``use``), when it was asked for (``asked_at``,
+    seconds since the epoch), ``wait_s`` and ``held_s``. The turns of a GPU's evaluations side by
+    side are its timeline: how long it was held alone, held shared, or not held at all.
+    ``device_seconds`` counts the verdict's own phases only (not ``slot_warm``)."""
     environment: dict[str, str] = field(default_factory=dict)
     problem_bytes: dict[str, int | None] = field(default_factory=dict)
     """The problem's size, measured before anything was allocated: ``input_bytes``,

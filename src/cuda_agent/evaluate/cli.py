@@ -195,8 +195,8 @@ def tasks_check_command(
 def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
     """One problem of a self-check: its verdict's status, sizes, memory, baselines (where their
     timing went, and which loops ran out of budget before reaching their precision target), phases,
-    whether its workers were prestarted and which CPUs they ran on, and, on a shared GPU, its turns
-    on the device."""
+    whether its workers were prestarted and which CPUs they ran on, the lane that judged it, and, on a
+    shared GPU, its turns on the device."""
     verdict = record.verdict or {}
     sizes = verdict.get("problem_bytes") or {}
     baselines = verdict.get("baselines") or {}
@@ -209,8 +209,9 @@ def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
             "baseline_exhausted": sorted(name for name, stats in baselines.items() if stats.get("budget_exhausted")),
             "baseline_seconds": verdict.get("baseline_seconds") or {},
             "phase_seconds": verdict.get("phase_seconds") or {}, "device_seconds": verdict.get("device_seconds") or {},
+            "device_turns": verdict.get("device_turns") or [],
             "prestarted": environment.get("prestarted"), "timed_cpus": environment.get("timed_cpus"),
-            "finished_at": record.finished_at}
+            "worker": record.worker, "finished_at": record.finished_at}
 
 
 def _gb(nbytes: Optional[int]) -> Optional[float]:
