@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from cuda_agent.environment import TimingConfig, load_tasks
 from cuda_agent.environment.timed_cpus import thread_siblings
@@ -124,6 +124,18 @@ class Budget:
 
     def spent(self) -> bool:
         return self.left_s() <= 0
+
+
+def json_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, row)`` for each row of a JSON-lines file the bench scripts wrote (blank lines
+    skipped); exits naming the file and line of one that is not JSON."""
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            sys.exit(f"{path}:{number}: not a JSON line ({exc.msg})")
 
 
 def write_json(result: dict[str, Any], out: Path | None) -> None:

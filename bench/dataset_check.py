@@ -37,7 +37,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from benchlib import Budget, check_medians, check_rates, device_held, machine_details, tasks_check, write_json
+from benchlib import (Budget, check_medians, check_rates, device_held, json_lines, machine_details, tasks_check,
+                      write_json)
 from gpu_timeline import gpu_timeline
 
 from cuda_agent.synth import checks
@@ -94,13 +95,7 @@ def run(args: argparse.Namespace) -> None:
 def merge(args: argparse.Namespace) -> None:
     rows: list[dict[str, Any]] = []
     for path in args.rows:
-        for number, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                sys.exit(f"{path}:{number}: not a JSON line ({exc.msg})")
+        for number, row in json_lines(path):
             missing = [column for column in ("task", "status", "checked_at") if column not in row]
             if missing:
                 sys.exit(f"{path}:{number}: a check row needs {', '.join(missing)}")

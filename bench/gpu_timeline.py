@@ -19,6 +19,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchlib import json_lines
+
 
 def _union(intervals: list[tuple[float, float]]) -> float:
     """Seconds covered by ``intervals`` (overlaps counted once)."""
@@ -72,12 +74,7 @@ def main() -> None:
     if len(sys.argv) != 2:
         sys.exit(f"usage: {sys.argv[0]} verdicts_<time>.jsonl")
     path = Path(sys.argv[1])
-    rows = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            sys.exit(f"{path}:{number}: not a JSON line ({exc.msg})")
+    rows = [row for _, row in json_lines(path)]
     timelines = gpu_timeline(rows)
     if not timelines:
         sys.exit(f"{path}: no row has device_turns and worker (rows from before 2026-11-29, or an unshared GPU)")
