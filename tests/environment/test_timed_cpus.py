@@ -57,15 +57,20 @@ def test_a_bad_setting_is_named_in_the_error(setting: str, message: str) -> None
     assert message in str(error.value)
 
 
-def test_gpu_lanes_get_a_core_each_and_keep_each_other_free(monkeypatch) -> None:
+def test_each_gpu_gets_a_core_its_lanes_share_and_the_gpus_keep_each_other_free(monkeypatch) -> None:
     monkeypatch.delenv(timed_cpus.ENV_VAR, raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(32)))
     monkeypatch.setattr(timed_cpus, "thread_siblings", lambda cpu: {cpu % 16, cpu % 16 + 16})
-    settings = timed_cpus.lane_settings(2)
+    settings = timed_cpus.lane_settings(["0", "1"])
     assert settings == ["31,30", "30,31"]
     lane_two = split_cpus(set(range(32)), timed_cpus.thread_siblings, settings[1])
     assert lane_two.timed == {14, 30} and not lane_two.others & {14, 15, 30, 31}
-    assert timed_cpus.lane_settings(12) is None  # would leave the builds less than half the CPUs
+    # lanes sharing a GPU time one at a time (its measurement lock): one core for all of them
+    shared = timed_cpus.lane_settings(["0", "1", "0", "1", "0"])
+    assert shared == ["31,30", "30,31", "31,30", "30,31", "31,30"]
+    assert split_cpus(set(range(32)), timed_cpus.thread_siblings, shared[4]).others == set(range(32)) - {14, 15, 30, 31}
+    assert timed_cpus.lane_settings(["0"] * 12) == ["31"] * 12
+    assert timed_cpus.lane_settings([str(gpu) for gpu in range(12)]) is None  # the builds would get less than half
 
 
 @needs_two_cpus
@@ -100,17 +105,17 @@ def test_pool_lanes_get_the_setting_passed_on_and_a_list_is_refused_for_several(
     config = make_config(device="cuda")
     monkeypatch.setenv(timed_cpus.ENV_VAR, "off")
     timed_cpus.host_split.cache_clear()
-    assert _lane_timed_cpus(config, 1) == ["off"]  # lanes get an allow-list of the environment: passed explicitly
-    assert _lane_timed_cpus(config, 2) == ["off", "off"]
-    assert _lane_timed_cpus(make_config(), 2) == [None, None]  # CPU lanes
+    assert _lane_timed_cpus(config, ["0"]) == ["off"]  # lanes get an allow-list of the environment: passed explicitly
+    assert _lane_timed_cpus(config, ["0", "1"]) == ["off", "off"]
+    assert _lane_timed_cpus(make_config(), [None, None]) == [None, None]  # CPU lanes
     monkeypatch.setenv(timed_cpus.ENV_VAR, "0")
     timed_cpus.host_split.cache_clear()
     with pytest.raises(PoolConfigError, match="with 2 GPU lanes use 'auto'"):
-        _lane_timed_cpus(config, 2)
+        _lane_timed_cpus(config, ["0", "1"])
     monkeypatch.setenv(timed_cpus.ENV_VAR, "many")
     timed_cpus.host_split.cache_clear()
     with pytest.raises(PoolConfigError, match="CUDA_AGENT_TIMED_CPU must be"):
-        _lane_timed_cpus(config, 1)
+        _lane_timed_cpus(config, ["0"])
     monkeypatch.delenv(timed_cpus.ENV_VAR)
     timed_cpus.host_split.cache_clear()
 

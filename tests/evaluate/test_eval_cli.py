@@ -216,6 +216,9 @@ def test_tasks_check_judges_each_reference_as_its_own_candidate_and_resumes(cli,
     assert "verify" in row["phase_seconds"] and isinstance(row["prestarted"], bool)
     assert row["timed_cpus"] == "not set apart"  # the CPU backend times on torch's own threads
     assert row["worker"] and row["device_turns"] == []  # the lane that judged it; a GPU of its own: no turns
+    loops = row["timing_loops"]  # how far each timing loop got: the baseline's and the candidate's
+    assert set(loops) == {"eager_tf32_off", "candidate"}
+    assert all(loop["n"] >= 3 and loop["calls_per_sample"] >= 1 and 0 <= loop["rel_std_err"] < 1 for loop in loops.values())
     # timed now (seconds for each variant) or from the suite's shared cache (none)
     timed = {v for v, source in row["baseline_sources"].items() if source == "timed"}
     assert set(row["baseline_sources"]) == {"eager_tf32_off"} and set(row["baseline_seconds"]) == timed

@@ -12,7 +12,8 @@ the threads and processes a thread starts keep its CPUs).
 
 ``CUDA_AGENT_TIMED_CPU`` chooses: ``auto`` (the default: the highest-numbered CPU this process may
 use), ``off``, or a comma-separated list of CPU numbers whose first is this process's timed CPU
-and whose others stay free as well (the evaluation pool gives each GPU lane its own this way).
+and whose others stay free as well (the evaluation pool gives each GPU its own this way, shared by
+the GPU's lanes).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 ENV_VAR = "CUDA_AGENT_TIMED_CPU"
 MIN_CPUS = 8
@@ -109,22 +110,29 @@ def split_for(device: str) -> CpuSplit | None:
     return host_split() if device == "cuda" else None
 
 
-def lane_settings(lanes: int) -> list[str] | None:
-    """``CUDA_AGENT_TIMED_CPU`` for each of ``lanes`` GPU lanes on this host: a CPU of its own
-    each (the highest ones, one per core), the others' kept free too; None where that would leave
-    the builds less than half the CPUs."""
+def lane_settings(lane_gpus: Sequence[str | None]) -> list[str] | None:
+    """``CUDA_AGENT_TIMED_CPU`` for each GPU lane on this host, given each lane's GPU: a CPU of
+    its own for each GPU (the highest ones, one per core), the other GPUs' kept free too; None
+    where that would leave the builds less than half the CPUs.
+
+    Lanes of one GPU share its CPU: they time one at a time, each holding the GPU's measurement
+    lock (:mod:`cuda_agent.synth.device_lock`), so a CPU for each lane would keep all but one of
+    them idle (five lanes on an H200 with 16 CPUs set five apart and left eleven for the workers of
+    all five, which kept those 83 % busy)."""
+    gpus = list(dict.fromkeys(lane_gpus))
     allowed = set(os.sched_getaffinity(0))
     cores: list[int] = []
     taken: set[int] = set()
     for cpu in sorted(allowed, reverse=True):
-        if len(cores) == lanes:
+        if len(cores) == len(gpus):
             break
         if cpu not in taken:
             cores.append(cpu)
             taken |= {cpu} | thread_siblings(cpu)
-    if len(allowed) < MIN_CPUS or len(cores) < lanes or len(allowed - taken) < len(allowed) / 2:
+    if len(allowed) < MIN_CPUS or len(cores) < len(gpus) or len(allowed - taken) < len(allowed) / 2:
         return None
-    return [",".join(map(str, [own, *(c for c in cores if c != own)])) for own in cores]
+    own = dict(zip(gpus, cores))
+    return [",".join(map(str, [own[gpu], *(c for c in cores if c != own[gpu])])) for gpu in lane_gpus]
 
 
 def start_off_timed(split: CpuSplit | None, preexec: Callable[[], None] | None) -> Callable[[], None] | None:

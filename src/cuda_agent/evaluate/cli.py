@@ -194,7 +194,8 @@ def tasks_check_command(
 
 def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
     """One problem of a self-check: its verdict's status, sizes, memory, baselines (where their
-    timing went, and which loops ran out of budget before reaching their precision target), phases,
+    timing went, which loops ran out of budget before reaching their precision target, and how far
+    each loop got: samples, calls a sample, relative standard error of the mean and of the median), phases,
     whether its workers were prestarted and which CPUs they ran on, the lane that judged it, and, on a
     shared GPU, its turns on the device."""
     verdict = record.verdict or {}
@@ -207,11 +208,18 @@ def selfcheck_row(record: ResultRecord) -> dict[str, Any]:
             "baseline_ms": {name: stats["median_ms"] for name, stats in baselines.items()},
             "baseline_sources": verdict.get("baseline_sources") or {},
             "baseline_exhausted": sorted(name for name, stats in baselines.items() if stats.get("budget_exhausted")),
+            "timing_loops": {name: _loop_precision(stats) for name, stats in
+                             {**baselines, "candidate": verdict.get("candidate_timing")}.items() if stats},
             "baseline_seconds": verdict.get("baseline_seconds") or {},
             "phase_seconds": verdict.get("phase_seconds") or {}, "device_seconds": verdict.get("device_seconds") or {},
             "device_turns": verdict.get("device_turns") or [],
             "prestarted": environment.get("prestarted"), "timed_cpus": environment.get("timed_cpus"),
             "worker": record.worker, "finished_at": record.finished_at}
+
+
+def _loop_precision(stats: dict[str, Any]) -> dict[str, Any]:
+    """How far a timing loop got: why a loop that ran out of budget did (too few samples, or noisy ones)."""
+    return {key: stats.get(key) for key in ("n", "calls_per_sample", "rel_std_err", "median_rel_err")}
 
 
 def _gb(nbytes: Optional[int]) -> Optional[float]:

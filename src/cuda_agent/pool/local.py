@@ -122,7 +122,7 @@ class LocalPool(LanePipeline):
         for orphan in {*sweep_orphans(root), *sweep_orphans(default_scratch_root())}:
             logger.info("removed %s, left behind by a process that was killed", orphan)
         self.scratch_root = make_owned_dir("pool", root)
-        settings = _lane_timed_cpus(config, len(slots))
+        settings = _lane_timed_cpus(config, [gpu for _, gpu in slots])
         sharing = Counter(gpu for _, gpu in slots)
         lanes = [ProcessLane(name, config, staging_dir, self.scratch_root, gpu, pool_config.job_timeout_s, setting,
                              sharing[gpu] if gpu is not None else 1)
@@ -141,10 +141,12 @@ class LocalPool(LanePipeline):
             timed_cpus.use_setting(self._replaced_setting)
 
 
-def _lane_timed_cpus(config: EvalConfig, lanes: int) -> list[str | None]:
-    """Each lane's ``CUDA_AGENT_TIMED_CPU`` (lanes get only an allow-list of this process's
-    environment, so it is always passed on): one GPU lane gets this process's setting; several get
-    a CPU of their own each where the host has CPUs to spare, else none set apart."""
+def _lane_timed_cpus(config: EvalConfig, lane_gpus: list[str | None]) -> list[str | None]:
+    """Each lane's ``CUDA_AGENT_TIMED_CPU``, given each lane's GPU (lanes get only an allow-list
+    of this process's environment, so it is always passed on): one GPU lane gets this process's
+    setting; several get a CPU of their own for each GPU, shared by that GPU's lanes, where the
+    host has CPUs to spare, else none set apart."""
+    lanes = len(lane_gpus)
     if config.device != "cuda":
         return [None] * lanes
     try:
@@ -158,8 +160,8 @@ def _lane_timed_cpus(config: EvalConfig, lanes: int) -> list[str | None]:
         return ["off"] * lanes
     if setting.strip().lower() not in ("", "auto"):
         raise PoolConfigError(f"{timed_cpus.ENV_VAR}={setting!r} names the CPUs of one evaluating process; with "
-                              f"{lanes} GPU lanes use 'auto' (a CPU for each lane) or 'off'")
-    return list(timed_cpus.lane_settings(lanes) or ["off"] * lanes)
+                              f"{lanes} GPU lanes use 'auto' (a CPU for each GPU) or 'off'")
+    return list(timed_cpus.lane_settings(lane_gpus) or ["off"] * lanes)
 
 
 def _lane_slots(config: EvalConfig, pool_config: PoolConfig) -> list[tuple[str, str | None]]:
