@@ -19,8 +19,9 @@ medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tas
 counts, tasks a minute, median phases, on a shared GPU the medians of the verdicts' turns on it
 and the share of the wall time they held it alone (``device_held``), each GPU's timeline (held
 alone, shared, unheld: ``bench/gpu_timeline.py``), the share of the baseline
-loops that ran out of budget, how busy the CPUs were, and ``--compile-threads``), and
-``verdicts_<time>.jsonl`` (each verdict's phases, turns on the GPU, baseline loops, lane and when
+loops that ran out of budget and of the loops' seconds they took, how busy the CPUs were, and
+``--compile-threads``), and ``verdicts_<time>.jsonl`` (each verdict's phases, turns on the GPU,
+baseline loops with each timing loop's samples and precision, lane and when
 it finished, with whether its workers were prestarted and the CPUs they ran on: where a slow run's
 time went).
 A task whose check says nothing about it (``infra_error``, ``harness_error``, e.g. the tasks the
