@@ -96,6 +96,18 @@ def test_generation_speed_bench_times_a_decoding_step_per_setting(tmp_path: Path
     assert all(r["steps"] >= 1 and r["step_ms"] > 0 for r in settings.values())
 
 
+def test_slot_warm_disturbance_bench_times_quiet_and_busy_passes(tmp_path: Path) -> None:
+    out = tmp_path / "slot_warm_disturbance.json"
+    command = [sys.executable, str(BENCH / "slot_warm_disturbance.py"), "--device", "cpu", "--smoke", "--workloads",
+               "add", "--passes", "1", "--loops", "2", "--slots", "1", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(result.stdout.strip().splitlines()) == 1, result.stdout
+    [add] = json.loads(out.read_text())["workloads"].values()
+    assert add["slots_warmed"] == 1 and not add["errors"] and add["busy_over_quiet"] > 0
+    assert all(len(run["median_ms"]) == 2 and min(run["n"]) >= 3 for run in add["quiet"] + add["busy"])
+
+
 def test_dataset_check_merge_gathers_rows_and_names_a_bad_line(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
