@@ -37,7 +37,7 @@ from cuda_agent.environment.slots import WorkerSlot
 from cuda_agent.environment.timing import make_timer, measure
 
 WORKLOADS = {
-    # name: (what it is, how to make it on ``device`` at ``scale``); ~1-3 ms on an H200 at scale 1
+    # name: what it is (made by :func:`workload`; ~1-3 ms on an H200 at scale 1)
     "matmul": "fp32 matmul, TF32 off (compute-bound)",
     "add": "elementwise add of two fp32 tensors (memory-bound)",
 }
@@ -90,6 +90,12 @@ class SlotWarmUps:
             slot.close()
 
 
+def spread(medians_ms: list[float]) -> float:
+    """The loops' range relative to their median: a busy/quiet ratio within the quiet one is no
+    disturbance."""
+    return (max(medians_ms) - min(medians_ms)) / statistics.median(medians_ms)
+
+
 def timed_pass(fn: Callable[[], Any], device: str, timing: TimingConfig, loops: int) -> dict[str, Any]:
     """``loops`` timing loops back to back (each as a verdict's: warm-up, then to its target or
     budget); their medians and how far each got."""
@@ -126,8 +132,7 @@ def main() -> None:
                 started = time.monotonic()
                 busy.append(timed_pass(fn, args.device, timing, args.loops))
                 timed_s = time.monotonic() - started
-            # how much of the busy pass had a warm-up running beside it (all of it: the pass was busy throughout)
-            overlapped.append(min(1.0, sum(warm_ups.warm_s) / timed_s) if timed_s else 0.0)
+            overlapped.append(min(1.0, sum(warm_ups.warm_s) / timed_s))  # 1: a warm-up ran beside the whole pass
             warm_s, errors = warm_s + warm_ups.warm_s, errors + warm_ups.errors
         quiet_ms = [m for p in quiet for m in p["median_ms"]]
         busy_ms = [m for p in busy for m in p["median_ms"]]
@@ -136,9 +141,7 @@ def main() -> None:
             "median_slot_warm_s": statistics.median(warm_s) if warm_s else None, "errors": errors[:3],
             "busy_share_warming": overlapped,
             "busy_over_quiet": statistics.median(busy_ms) / statistics.median(quiet_ms),
-            # the loops' own spread when nothing warms: a ratio within it is no disturbance
-            "quiet_spread": (max(quiet_ms) - min(quiet_ms)) / statistics.median(quiet_ms),
-            "busy_spread": (max(busy_ms) - min(busy_ms)) / statistics.median(busy_ms),
+            "quiet_spread": spread(quiet_ms), "busy_spread": spread(busy_ms),
         }
         write_json(result, args.out)  # after every workload: a call stopped at its limit keeps what was done
     print(" ".join(f"{name}: busy/quiet {w['busy_over_quiet']:.4f} (spread quiet {w['quiet_spread']:.2%}, busy "
