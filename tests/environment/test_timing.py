@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from cuda_agent.environment.config import TimingConfig
+from cuda_agent.environment.reward import MEDIAN_TO_MEAN_ERROR
 from cuda_agent.environment.timing import (
-    CpuTimer, FreshInputs, Timer, batch_size, call_seed, measure, perturbed, summarize,
+    CpuTimer, FreshInputs, Timer, batch_size, call_seed, measure, perturbed, precise_enough, summarize,
 )
 
 from support import SMALL_RELU_TASK
@@ -62,6 +63,38 @@ def test_measure_warms_up_for_at_least_warmup_ms() -> None:
     warmup_calls = len(calls) - stats.n
     assert warmup_calls > 1
     assert calls[warmup_calls] - started >= 0.05  # the first measured call comes after the warm-up time
+
+
+def test_measure_stops_on_the_medians_precision_when_a_few_slow_samples_hold_the_means_back() -> None:
+    # one slow sample in ten: the mean's error stays far above 0.5 %, the median's is within it
+    timer = ScriptedTimer([1.0, 1.001, 0.999, 1.0, 1.002, 0.998, 1.0, 1.001, 0.999, 3.0])
+    config = TimingConfig(warmup_calls=1, warmup_ms=0, min_samples=10, budget_s=60, batch_min_ms=0)
+    stats = measure(lambda: None, timer, config)
+    assert stats.n == 10 and not stats.budget_exhausted
+    assert stats.rel_std_err > 10 * config.target_rel_std_err
+    assert stats.median_rel_err <= config.target_rel_std_err * MEDIAN_TO_MEAN_ERROR
+
+
+def test_a_loop_stops_only_when_the_mean_or_the_median_is_precise_enough() -> None:
+    noisy = summarize([1.0, 1.2, 0.8, 1.1, 0.9, 1.3, 0.7, 1.0, 1.05, 0.95], budget_exhausted=False)
+    assert not precise_enough(noisy, 0.005)
+    assert precise_enough(noisy, noisy.rel_std_err)  # the mean alone
+    assert precise_enough(noisy, noisy.median_rel_err / MEDIAN_TO_MEAN_ERROR)  # the median alone
+
+
+def test_measure_skips_the_warm_up_wait_when_the_clock_is_up_already() -> None:
+    class RampedTimer(ScriptedTimer):
+        def clock_ramped(self) -> bool:
+            return True
+
+    calls = []
+    config = TimingConfig(warmup_calls=2, warmup_ms=10_000, min_samples=3, budget_s=10, batch_min_ms=0)
+    stats = measure(lambda: calls.append(1), RampedTimer([1.0]), config)
+    assert len(calls) - stats.n == 2  # the warm-up calls only: no 10 s wait for a clock already up
+
+
+def test_the_cpu_timer_always_waits_out_the_warm_up() -> None:
+    assert not CpuTimer().clock_ramped()
 
 
 def test_measure_stops_at_max_samples_and_flags_it() -> None:

@@ -1,4 +1,5 @@
-"""On the GPU: the sandbox leaves CUDA usable, and implausible speed-ups are re-measured."""
+"""On the GPU: the sandbox leaves CUDA usable, the clocks timing reads, and implausible speed-ups are
+re-measured."""
 
 from __future__ import annotations
 
@@ -35,6 +36,21 @@ def test_host_clock_and_cuda_events_agree_on_a_kernel_of_known_length() -> None:
     events = measure(run, make_timer("cuda", config), config).median_ms
     host = measure(run, make_timer("cuda", config, host_clock=True), config).median_ms
     assert events > 0.2 and host == pytest.approx(events, rel=0.2)
+
+
+def test_a_busy_gpu_reads_its_clock_ramped_so_timing_loops_skip_the_warm_up_wait() -> None:
+    import time
+
+    import torch
+
+    from cuda_agent.environment.device_clock import sm_clock_ramped
+
+    x = torch.randn(2048, 2048, device="cuda")
+    started = time.monotonic()
+    while time.monotonic() - started < 0.5:  # NVML's reading averages over up to a second
+        x @ x
+        torch.cuda.synchronize()
+    assert sm_clock_ramped("cuda")
 
 
 def test_speedup_above_the_plausibility_bound_is_remeasured_with_the_host_clock(run_evaluation,

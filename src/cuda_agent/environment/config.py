@@ -115,18 +115,21 @@ class TimingConfig:
     """Untimed calls before measuring (first-call costs: lazy init, autotuning, caches)."""
     warmup_ms: float = 200.0
     """Keep warming up for at least this long: a GPU idling between evaluations needs time to
-    ramp its clocks, and a µs-scale kernel would otherwise be timed at idle clocks."""
+    ramp its clocks, and a µs-scale kernel would otherwise be timed at idle clocks. Skipped where
+    NVML reads the SM clock near its maximum already (``device_clock.sm_clock_ramped``: the GPU
+    was busy just before, as between the evaluations of a check or a training step)."""
     min_samples: int = 10
     """Timed calls before the precision target may stop the loop."""
     max_samples: int = 1000
     """Hard cap on timed calls."""
     target_rel_std_err: float = 0.005
-    """Stop once std/sqrt(n)/mean is at most this (0.5 %)."""
+    """Stop once std/sqrt(n)/mean is at most this (0.5 %), or the median's relative standard error
+    at most this times sqrt(pi/2) (the same precision for normal samples: 0.63 %)."""
     budget_s: float = 1.5
     """Wall-clock budget for one timed loop after its warm-up. Stopping rule: the loop ends as soon
-    as it has ``min_samples`` samples whose relative standard error of the mean is at most
-    ``target_rel_std_err``, or ``max_samples``, or, once this budget is spent and at least 3
-    samples exist, with what it has (``budget_exhausted`` in the stats)."""
+    as it has ``min_samples`` samples precise enough (``target_rel_std_err``, by the mean's or the
+    median's error: ``timing.precise_enough``), or ``max_samples``, or, once this budget is spent
+    and at least 3 samples exist, with what it has (``budget_exhausted`` in the stats)."""
     flush_l2: bool = True
     """On CUDA, overwrite a buffer twice the L2 size before every timed call."""
     compile_baseline: bool = True

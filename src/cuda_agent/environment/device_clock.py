@@ -1,4 +1,5 @@
-"""The GPU's SM clock, read by the parent process from NVML (no CUDA context) right after a timing.
+"""The GPU's SM clock, read from NVML: by the parent process (no CUDA context) right after a
+timing, and by a timing loop deciding whether it must wait for the clock to ramp.
 
 On H200s, about one verdict in twenty timed its candidate 1.8-4.8x slower than the others of the
 same solution, with a tight error inside the verdict: the whole timing ran slow, against baselines
@@ -8,6 +9,11 @@ slow verdict can be told from a slow candidate.
 """
 
 from __future__ import annotations
+
+import functools
+
+RAMPED = 0.95
+"""An SM clock at this share of its maximum or above has ramped up."""
 
 
 def sm_clock_mhz(device: str) -> int | None:
@@ -21,3 +27,32 @@ def sm_clock_mhz(device: str) -> int | None:
         return int(torch.cuda.clock_rate(0))  # an index, not None: None would make a CUDA context here
     except Exception:  # noqa: BLE001 - a diagnostic: the verdict stands without it
         return None
+
+
+def sm_clock_ramped(device: str) -> bool:
+    """Whether the evaluation's GPU (the first visible one) reads its SM clock within ``RAMPED`` of
+    its maximum now: NVML's reading averages over the last 1/6-1 s, so the GPU was busy just before,
+    and a timing loop need not wait out ``timing.warmup_ms`` for the clock to come up. On one H200
+    the clock reached 1980 MHz within 3 ms of work and still read it after 3 s idle with a context
+    open (``bench/clock_warmup.py``). False on the CPU backend or where NVML cannot be read: the
+    loop then waits as before."""
+    if device != "cuda":
+        return False
+    try:
+        import pynvml
+
+        handle, maximum = _sm_clock_maximum()
+        return pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) >= RAMPED * maximum > 0
+    except Exception:  # noqa: BLE001 - the warm-up's wait stands without it
+        return False
+
+
+@functools.lru_cache(maxsize=1)
+def _sm_clock_maximum() -> tuple[object, int]:
+    """The first visible GPU's NVML handle (torch maps ``CUDA_VISIBLE_DEVICES`` to NVML's order) and
+    its maximum SM clock, read once per process."""
+    import pynvml
+    import torch
+
+    handle = torch.cuda._get_pynvml_handler(0)  # noqa: SLF001 - torch's own mapping, as clock_rate uses it
+    return handle, pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)

@@ -21,6 +21,8 @@ _US_PER_MS = 1000.0
 class ProfilerTimer(Timer):
     """Sum of the CUDA device events' durations over the calls, in milliseconds."""
 
+    device = "cuda"
+
     def time_calls(self, fn: Call, arg_sets: Sequence[tuple]) -> tuple[float, list]:
         torch.cuda.synchronize()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:

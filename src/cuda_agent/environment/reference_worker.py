@@ -390,7 +390,7 @@ class ReferenceWorker:
         timing loops run on ``timed_cpus`` (torch.compile compiles first, where the worker runs).
 
         The loops run back to back, so only the first warms up for ``warmup_ms`` (an idle GPU
-        ramping its clocks); the others warm up by ``warmup_calls`` (each model's first-call
+        ramping its clocks, unless NVML reads them up already); the others warm up by ``warmup_calls`` (each model's first-call
         costs). On a GPU shared by several evaluations this is held alone: three more warm-ups
         would be ~0.6 s of every self-check verdict that no other evaluation can use the GPU in."""
         config = TimingConfig(**msg["timing"])
