@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from cuda_agent.environment import TimingConfig, load_tasks
 from cuda_agent.environment.timed_cpus import thread_siblings
@@ -27,6 +27,27 @@ EXAMPLES = REPO / "examples"
 KERNEL_SOURCE = re.compile(r'^(cuda_source|cpp_source)\s*=\s*r?"""', re.MULTILINE)
 SMOKE_TIMING = TimingConfig(budget_s=0.3, min_samples=3, warmup_calls=1, warmup_ms=0, compile_baseline=False)
 """``--smoke``: the pipeline runs end to end, but the numbers mean nothing."""
+
+
+WORKLOADS = {
+    # name: what it is (made by :func:`workload`; ~1-3 ms on an H200 at scale 1)
+    "matmul": "fp32 matmul, TF32 off (compute-bound)",
+    "add": "elementwise add of two fp32 tensors (memory-bound)",
+}
+
+
+def workload(name: str, device: str, scale: float) -> Callable[[], Any]:
+    """A fixed GPU workload to time with the harness's loop (``WORKLOADS``), sized by ``scale``."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    if name == "matmul":
+        n = max(16, int(4096 * scale))
+        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+        return lambda: a @ b
+    n = max(256, int(2**28 * scale))
+    x, y = torch.randn(n, device=device), torch.randn(n, device=device)
+    return lambda: x + y
 
 
 def machine_details() -> dict[str, Any]:

@@ -29,32 +29,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from benchlib import SMOKE_TIMING, machine_details, write_json
+from benchlib import SMOKE_TIMING, WORKLOADS, machine_details, workload, write_json
 
 from cuda_agent.environment import EvalConfig
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.slots import WorkerSlot
 from cuda_agent.environment.timing import make_timer, measure
-
-WORKLOADS = {
-    # name: what it is (made by :func:`workload`; ~1-3 ms on an H200 at scale 1)
-    "matmul": "fp32 matmul, TF32 off (compute-bound)",
-    "add": "elementwise add of two fp32 tensors (memory-bound)",
-}
-
-
-def workload(name: str, device: str, scale: float) -> Callable[[], Any]:
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    if name == "matmul":
-        n = max(16, int(4096 * scale))
-        a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-        return lambda: a @ b
-    n = max(256, int(2**28 * scale))
-    x, y = torch.randn(n, device=device), torch.randn(n, device=device)
-    return lambda: x + y
-
 
 class SlotWarmUps:
     """Worker slots started before a busy pass (interpreters up, torch imported: host work, no

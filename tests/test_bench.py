@@ -108,6 +108,19 @@ def test_slot_warm_disturbance_bench_times_quiet_and_busy_passes(tmp_path: Path)
     assert all(len(run["median_ms"]) == 2 and min(run["n"]) >= 3 for run in add["quiet"] + add["busy"])
 
 
+def test_clock_warmup_bench_traces_the_clock_and_times_loops_with_and_without_the_floor(tmp_path: Path) -> None:
+    out = tmp_path / "clock_warmup.json"
+    command = [sys.executable, str(BENCH / "clock_warmup.py"), "--device", "cpu", "--smoke", "--workloads", "add",
+               "--gaps", "0", "0.05", "--repeats", "2", "--out", str(out)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(result.stdout.strip().splitlines()) == 1, result.stdout
+    [add] = json.loads(out.read_text())["workloads"].values()
+    assert add["trace"]["busy_calls"] > 0 and add["trace"]["ramp_ms"] is None  # no clock to read on the CPU
+    assert [row["gap_s"] for row in add["loops"]] == [0.0, 0.05]
+    assert all(len(row["floor"]) == len(row["no_floor"]) == 2 and row["no_floor_over_floor"] > 0 for row in add["loops"])
+
+
 def test_dataset_check_merge_gathers_rows_and_names_a_bad_line(tmp_path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
