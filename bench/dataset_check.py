@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> None:
         return
     run_dir = work / "check"
     threads = {} if args.compile_threads == "default" else {"TORCHINDUCTOR_COMPILE_THREADS": args.compile_threads}
-    entry = tasks_check(tasks, ["--lanes-per-gpu", str(args.lanes_per_gpu)], run_dir, budget, args.gpus,
+    slots = [] if args.prestart_slots is None else ["--prestart-slots", str(args.prestart_slots)]
+    entry = tasks_check(tasks, ["--lanes-per-gpu", str(args.lanes_per_gpu), *slots], run_dir, budget, args.gpus,
                         args.work / "cache", threads)
     if entry["returncode"] == 2:  # bad usage: nothing ran
         sys.exit(f"tasks check refused the run:\n{entry['stderr_tail']}")
@@ -83,6 +84,7 @@ def run(args: argparse.Namespace) -> None:
     judged = sum(row["status"] not in checks.RETRIED for row in rows)
     summary: dict[str, Any] = {
         "machine": machine_details(), "data": str(args.data), "lanes_per_gpu": args.lanes_per_gpu,
+        "prestart_slots": args.prestart_slots,
         "left_before": left, "judged": judged, "counts": entry["counts"], "wall_s": entry["wall_s"],
         "returncode": entry["returncode"], **check_rates(entry), **check_medians(entry["problems"]),
         "device_held": device_held(entry), "gpu_timeline": gpu_timeline(entry["problems"]), "cpu_busy": entry["cpu_busy"],
@@ -123,6 +125,9 @@ def main() -> None:
     check.add_argument("--lanes-per-gpu", type=int, default=5,
                        help="evaluations sharing each GPU (5: on an H200 with 16 cores, 11 tasks a minute against "
                             "10 with 3; past that the GPU's turns are the limit)")
+    check.add_argument("--prestart-slots", type=int, default=None,
+                       help="worker slots each lane keeps warm ahead (tasks check --prestart-slots; default: the "
+                            "pool's, one a lane at five lanes)")
     check.add_argument("--compile-threads", default="1",
                        help="inductor code-generation processes per reference worker (TORCHINDUCTOR_COMPILE_THREADS; "
                             "'default': one per core). 1: a verdict's few kernels compile in its own process "

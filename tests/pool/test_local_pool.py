@@ -72,6 +72,7 @@ def test_two_workers_answer_200_jobs_exactly_once_when_one_is_killed_mid_job(mak
     statuses = Counter(r.verdict.status for r in results.values())
     assert statuses == {Status.GUARD_VIOLATION: 197, Status.CORRECT: 3}
     assert results[killed].attempts == 2 and results[killed].verdict.status is Status.CORRECT
+    assert all(results[f"honest-{i}"].verdict.environment["prestarted"] for i in honest_at)  # the CPU default: 1
     assert sum(r.attempts for r in results.values()) == 201
     assert stats.submitted == stats.answered == 200 and stats.failed == 0 and stats.retried == 1
     assert sorted(lane.restarts for lane in stats.lanes) == [0, 1]
@@ -92,6 +93,15 @@ def test_a_job_whose_every_attempt_loses_its_worker_is_answered_with_an_error(ma
     assert "failed on all 1 attempts" in result.error and "SIGKILL" in result.error
     assert after.status is JobStatus.DONE and after.verdict.status is Status.GUARD_VIOLATION
     assert child_pids() == []
+
+
+def test_prestart_slots_reaches_the_lanes_and_zero_starts_each_evaluations_workers_itself(
+        make_config, fault_solution, tmp_path: Path) -> None:
+    job = EvalJob("honest", load_task(SMALL_RELU_TASK), SolutionFiles.from_path(fault_solution("relu_ok")))
+    with open_pool(make_config(), PoolConfig(workers=1, prestart_slots=0, staging_dir=tmp_path / "staged")) as pool:
+        result = pool.submit(job).result(timeout=600)
+    assert result.verdict.status is Status.CORRECT, result.verdict.error
+    assert result.verdict.environment["prestarted"] is False
 
 
 def test_closing_with_cancel_answers_jobs_not_yet_started(make_config, tmp_path: Path) -> None:
@@ -166,3 +176,5 @@ def test_pool_config_names_the_bad_field() -> None:
         PoolConfig(lanes_per_gpu=0)
     with pytest.raises(PoolConfigError, match="pool.lanes_per_gpu is for backend 'local'"):
         PoolConfig(backend="ray", lanes_per_gpu=2)
+    with pytest.raises(PoolConfigError, match=r"pool.prestart_slots must be >= 0 \(or unset for the default\), got -1"):
+        PoolConfig(prestart_slots=-1)

@@ -38,13 +38,16 @@ EXIT_INCOMPLETE = 1
 LANES_PER_GPU_HELP = ("Evaluations at once on each GPU (local backend): above 1 they overlap their host work, "
                       "time with the GPU to themselves and share it for the rest; for problems far smaller than "
                       "the GPU.")
+PRESTART_SLOTS_HELP = ("Worker slots each lane keeps started and warm ahead of its evaluations (local backend; "
+                       "default: 3 a CUDA host of 12+ cores, divided among a GPU's lanes; 0: none).")
 
 
 def _pool_config(backend: str, address: Optional[str], token: Optional[str], workers: int, gpus: Optional[str],
-                 compile_workers: int, lanes_per_gpu: int) -> PoolConfig:
+                 compile_workers: int, lanes_per_gpu: int, prestart_slots: Optional[int]) -> PoolConfig:
     try:
         return PoolConfig(backend=backend, address=address, token=token, workers=workers, compile_workers=compile_workers,
-                          gpus=tuple(g.strip() for g in gpus.split(",")) if gpus else (), lanes_per_gpu=lanes_per_gpu)
+                          gpus=tuple(g.strip() for g in gpus.split(",")) if gpus else (), lanes_per_gpu=lanes_per_gpu,
+                          prestart_slots=prestart_slots)
     except PoolConfigError as exc:
         fail_usage(str(exc))
 
@@ -81,6 +84,7 @@ def eval_command(
     workers: int = typer.Option(0, help="Evaluation workers (0: one per GPU; 1 on cpu)."),
     gpus: Optional[str] = typer.Option(None, help="GPUs to use, e.g. 0,1 (default: all visible)."),
     lanes_per_gpu: int = typer.Option(1, help=LANES_PER_GPU_HELP),
+    prestart_slots: Optional[int] = typer.Option(None, help=PRESTART_SLOTS_HELP),
     compile_workers: int = typer.Option(0, help="Concurrent builds ahead of evaluation (0: one per CPU core)."),
 ) -> None:
     """Evaluate a folder of solutions (or a policy) on a task set: pass rate, faster rates and
@@ -90,7 +94,7 @@ def eval_command(
     them), 2 on bad usage.
     """
     eval_config = build_eval_config(device, config, precision, compile_baseline=compile_baseline, preset=preset)
-    pool_config = _pool_config(backend, address, token, workers, gpus, compile_workers, lanes_per_gpu)
+    pool_config = _pool_config(backend, address, token, workers, gpus, compile_workers, lanes_per_gpu, prestart_slots)
     if pool_config.backend == "local":
         require_local_device(eval_config)
     if (solutions is None) == (policy is None):
@@ -164,6 +168,7 @@ def tasks_check_command(
     workers: int = typer.Option(0, help="Evaluation workers (0: one per GPU; 1 on cpu)."),
     gpus: Optional[str] = typer.Option(None, help="GPUs to use, e.g. 0,1 (default: all visible)."),
     lanes_per_gpu: int = typer.Option(1, help=LANES_PER_GPU_HELP),
+    prestart_slots: Optional[int] = typer.Option(None, help=PRESTART_SLOTS_HELP),
 ) -> None:
     """The harness's self-check: every problem's reference judged as its own candidate, through the
     same workers, trials and timing as any solution (guards off, since the reference is PyTorch).
@@ -176,7 +181,7 @@ def tasks_check_command(
     """
     eval_config = selfcheck_config(build_eval_config(device, config, None))
     require_local_device(eval_config)
-    pool_config = _pool_config("local", None, None, workers, gpus, 0, lanes_per_gpu)
+    pool_config = _pool_config("local", None, None, workers, gpus, 0, lanes_per_gpu, prestart_slots)
     run_dir = out or Path("runs") / f"check-{tasks.resolve().name}"
     spec = RunSpec(run_dir, tasks, tuple(sorted(set(level or ()))), eval_config, pool_config, selfcheck=True)
     started = time.monotonic()

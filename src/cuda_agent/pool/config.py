@@ -32,6 +32,10 @@ class PoolConfig:
     host work (starting workers, importing the task, compiling) and take turns for their device
     work, each holding the GPU for it (``environment/device_share.py``), and each plans its memory
     within 1/``lanes_per_gpu`` of the GPU: for streams of problems far smaller than the GPU."""
+    prestart_slots: int | None = None
+    """``local``: worker slots each lane keeps started and warm ahead of its evaluations
+    (``environment.Prestarter``); None: the device's default (3 on a CUDA host of 12 or more
+    cores) divided among a GPU's lanes, so one a lane at 3 lanes or more; 0: none."""
     gpus: tuple[str, ...] = ()
     """``local`` on ``cuda``: the GPUs to use, as ``CUDA_VISIBLE_DEVICES`` entries (indices or
     UUIDs); empty: every GPU this process can see."""
@@ -57,6 +61,8 @@ class PoolConfig:
             (self.lanes_per_gpu >= 1, f"pool.lanes_per_gpu must be >= 1, got {self.lanes_per_gpu}"),
             (self.lanes_per_gpu == 1 or self.backend == "local",
              f"pool.lanes_per_gpu is for backend 'local' (got {self.lanes_per_gpu} with {self.backend!r})"),
+            (self.prestart_slots is None or self.prestart_slots >= 0,
+             f"pool.prestart_slots must be >= 0 (or unset for the default), got {self.prestart_slots}"),
             (self.compile_workers >= 0, f"pool.compile_workers must be >= 0, got {self.compile_workers}"),
             (self.queue_size >= 0, f"pool.queue_size must be >= 0, got {self.queue_size}"),
             (self.max_attempts >= 1, f"pool.max_attempts must be >= 1, got {self.max_attempts}"),

@@ -58,13 +58,15 @@ class ProcessLane(EvalLane):
         job_timeout_s: a worker silent this long on one job is killed.
         timed_cpu: the worker's ``CUDA_AGENT_TIMED_CPU`` (None: this process's).
         lanes_on_gpu: lanes of the pool sharing this lane's GPU.
+        prestart_slots: worker slots its worker keeps warm ahead (``PoolConfig.prestart_slots``).
     """
 
     def __init__(self, name: str, config: EvalConfig, staging_dir: Path, scratch_root: Path,
-                 gpu: str | None, job_timeout_s: float, timed_cpu: str | None = None, lanes_on_gpu: int = 1) -> None:
+                 gpu: str | None, job_timeout_s: float, timed_cpu: str | None = None, lanes_on_gpu: int = 1,
+                 prestart_slots: int | None = None) -> None:
         self.name = name
         self.config, self.staging_dir, self.gpu, self.job_timeout_s = config, staging_dir, gpu, job_timeout_s
-        self.timed_cpu, self.lanes_on_gpu = timed_cpu, lanes_on_gpu
+        self.timed_cpu, self.lanes_on_gpu, self.prestart_slots = timed_cpu, lanes_on_gpu, prestart_slots
         slug = name.replace(":", "-")
         self.scratch = scratch_root / slug
         self.log_path = scratch_root / f"{slug}.log"
@@ -81,7 +83,7 @@ class ProcessLane(EvalLane):
             worker.request({"op": "setup", "config": self.config.replace(scratch_dir=self.scratch / "evals").to_dict(),
                             "staging_dir": str(self.staging_dir),
                             "device_lock": None if self.gpu is None else f"gpu-{self.gpu}",
-                            "lanes_on_gpu": self.lanes_on_gpu}, SETUP_TIMEOUT_S)
+                            "lanes_on_gpu": self.lanes_on_gpu, "prestart_slots": self.prestart_slots}, SETUP_TIMEOUT_S)
         except (WorkerError, RemoteError) as exc:
             raise RuntimeError(f"worker setup failed: {exc}\n{worker.log_tail(2000)}") from None
 
@@ -125,7 +127,7 @@ class LocalPool(LanePipeline):
         settings = _lane_timed_cpus(config, [gpu for _, gpu in slots])
         sharing = Counter(gpu for _, gpu in slots)
         lanes = [ProcessLane(name, config, staging_dir, self.scratch_root, gpu, pool_config.job_timeout_s, setting,
-                             sharing[gpu] if gpu is not None else 1)
+                             sharing[gpu] if gpu is not None else 1, pool_config.prestart_slots)
                  for (name, gpu), setting in zip(slots, settings)]
         # The builds this process starts keep every lane's CPU free (the first lane's list holds them all).
         self._lane_cpus_set = len(slots) > 1 and settings[0] is not None

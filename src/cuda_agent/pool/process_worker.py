@@ -24,7 +24,8 @@ class _Handlers:
 
     def setup(self, message: dict[str, Any]) -> dict[str, Any]:
         self.work = PoolWork(EvalConfig.from_dict(message["config"]), Path(message["staging_dir"]),
-                             message.get("device_lock"), lanes_on_gpu=message.get("lanes_on_gpu", 1))
+                             message.get("device_lock"), message.get("prestart_slots"),
+                             lanes_on_gpu=message.get("lanes_on_gpu", 1))
         return {}
 
     def evaluate(self, message: dict[str, Any]) -> dict[str, Any]:
