@@ -12,6 +12,7 @@ import platform
 import random
 import re
 import secrets
+import statistics
 import shutil
 import subprocess
 import sys
@@ -48,6 +49,12 @@ def workload(name: str, device: str, scale: float) -> Callable[[], Any]:
     n = max(256, int(2**28 * scale))
     x, y = torch.randn(n, device=device), torch.randn(n, device=device)
     return lambda: x + y
+
+
+def spread(medians_ms: list[float]) -> float:
+    """Timing loops' range relative to their median: a ratio between two kinds of loop within the
+    spread of one kind is no difference."""
+    return (max(medians_ms) - min(medians_ms)) / statistics.median(medians_ms)
 
 
 def machine_details() -> dict[str, Any]:

@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from benchlib import SMOKE_TIMING, WORKLOADS, machine_details, workload, write_json
+from benchlib import SMOKE_TIMING, WORKLOADS, machine_details, spread, workload, write_json
 
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.device_clock import sm_clock_mhz
@@ -85,7 +85,7 @@ def floor_loops(fn: Callable[[], Any], device: str, timing: TimingConfig, gaps_s
         floor = [r["median_ms"] for r in runs["floor"]]
         no_floor = [r["median_ms"] for r in runs["no_floor"]]
         rows.append({"gap_s": gap, **runs, "no_floor_over_floor": statistics.median(no_floor) / statistics.median(floor),
-                     "floor_spread": (max(floor) - min(floor)) / statistics.median(floor)})
+                     "floor_spread": spread(floor)})
     return rows
 
 

@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
-from benchlib import SMOKE_TIMING, WORKLOADS, machine_details, workload, write_json
+from benchlib import SMOKE_TIMING, WORKLOADS, machine_details, spread, workload, write_json
 
 from cuda_agent.environment import EvalConfig
 from cuda_agent.environment.config import TimingConfig
@@ -68,12 +68,6 @@ class SlotWarmUps:
         self._thread.join()
         for slot in self.slots:
             slot.close()
-
-
-def spread(medians_ms: list[float]) -> float:
-    """The loops' range relative to their median: a busy/quiet ratio within the quiet one is no
-    disturbance."""
-    return (max(medians_ms) - min(medians_ms)) / statistics.median(medians_ms)
 
 
 def timed_pass(fn: Callable[[], Any], device: str, timing: TimingConfig, loops: int) -> dict[str, Any]:

@@ -36,23 +36,22 @@ def sm_clock_ramped(device: str) -> bool:
     the clock reached 1980 MHz within 3 ms of work and still read it after 3 s idle with a context
     open (``bench/clock_warmup.py``). False on the CPU backend or where NVML cannot be read: the
     loop then waits as before."""
-    if device != "cuda":
+    current = sm_clock_mhz(device)
+    if current is None:
         return False
     try:
-        import pynvml
-
-        handle, maximum = _sm_clock_maximum()
-        return pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM) >= RAMPED * maximum > 0
+        maximum = _sm_clock_maximum_mhz()
     except Exception:  # noqa: BLE001 - the warm-up's wait stands without it
         return False
+    return current >= RAMPED * maximum > 0
 
 
 @functools.lru_cache(maxsize=1)
-def _sm_clock_maximum() -> tuple[object, int]:
-    """The first visible GPU's NVML handle (torch maps ``CUDA_VISIBLE_DEVICES`` to NVML's order) and
-    its maximum SM clock, read once per process."""
+def _sm_clock_maximum_mhz() -> int:
+    """The first visible GPU's maximum SM clock, read once per process (through torch's handle,
+    which maps ``CUDA_VISIBLE_DEVICES`` to NVML's order, as ``torch.cuda.clock_rate`` does)."""
     import pynvml
     import torch
 
-    handle = torch.cuda._get_pynvml_handler(0)  # noqa: SLF001 - torch's own mapping, as clock_rate uses it
-    return handle, pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM)
+    handle = torch.cuda._get_pynvml_handler(0)  # noqa: SLF001 - torch's own mapping
+    return int(pynvml.nvmlDeviceGetMaxClockInfo(handle, pynvml.NVML_CLOCK_SM))

@@ -251,7 +251,8 @@ def measure(fn: Call, timer: Timer, config: TimingConfig,
         next_call += count
         return sets
 
-    warmup_until = time.monotonic() + (0.0 if timer.clock_ramped() else config.warmup_ms / 1e3)
+    wait_s = config.warmup_ms / 1e3 if config.warmup_ms and not timer.clock_ramped() else 0.0
+    warmup_until = time.monotonic() + wait_s
     warmup_ms: list[float] = []
     while len(warmup_ms) < config.warmup_calls or time.monotonic() < warmup_until:
         args = arg_sets(1)  # timed like the samples, so the flush and syncs warm up too
