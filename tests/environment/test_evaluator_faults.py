@@ -309,10 +309,10 @@ def test_many_honest_evaluations_in_a_row_all_succeed_and_leak_nothing(run_evalu
     each evaluation takes workers a ``Prestarter`` started while the ones before ran (on a host with
     cores to spare, two slots warming side by side, as a CUDA pool worker keeps them). After each,
     only the next slots' blank workers may be alive; after the prestarter is closed, no child
-    process, scratch file, open file descriptor or thread may be left. 40 runs by default (a
-    leak per evaluation shows after each one; 100 took 6.5 of CI's 48 minutes on 2 cores);
+    process, scratch file, open file descriptor or thread may be left. 20 runs by default (a
+    leak per evaluation shows after each one; 40 took ~3 of CI's ~52 minutes on 2 cores);
     CUDA_AGENT_FAULT_HONEST_RUNS sets the count for a longer soak."""
-    runs = int(os.environ.get("CUDA_AGENT_FAULT_HONEST_RUNS", "40"))
+    runs = int(os.environ.get("CUDA_AGENT_FAULT_HONEST_RUNS", "20"))
     solution, config = fault_solution("relu_ok"), make_config()
     run_evaluation(SMALL_RELU_TASK, solution, config)  # one-time lazy state (imports, probes) is no leak
     fds, threads = _open_fds(), threading.active_count()
