@@ -8,7 +8,10 @@ from collections.abc import Callable
 import threading
 from pathlib import Path
 
+import pytest
+
 from cuda_agent.environment import TimingConfig
+from cuda_agent.environment.baselines import MAX_MEDIAN_REL_ERR
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
@@ -17,6 +20,14 @@ SMALL_RELU_TASK = FIXTURES / "tasks" / "small_relu.py"
 
 # Small budgets: the tests check the pipeline, not the precision of the timings.
 FAST_TIMING = TimingConfig(budget_s=0.3, min_samples=3, warmup_calls=1, compile_baseline=False)
+
+
+def skip_unless_cacheable(stats, what: str) -> None:
+    """Skip a test about reusing a cached baseline when ``stats`` (``what``) came out too noisy for
+    any verdict to reuse (a busy host): the cache would be right to time it afresh."""
+    if stats.median_rel_err > MAX_MEDIAN_REL_ERR:
+        pytest.skip(f"the machine was too busy: {what} has its median ±{stats.median_rel_err:.1%}, "
+                    "which no verdict reuses from the cache")
 
 
 def _live_processes() -> list[tuple[int, list[str]]]:

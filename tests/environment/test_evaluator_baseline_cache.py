@@ -11,9 +11,8 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.environment import Status, TimingConfig
-from cuda_agent.environment.baselines import MAX_MEDIAN_REL_ERR
 
-from support import FAST_TIMING, SMALL_RELU_TASK
+from support import FAST_TIMING, SMALL_RELU_TASK, skip_unless_cacheable
 
 pytestmark = pytest.mark.slow  # uses the shared fault-kernel build
 
@@ -39,9 +38,7 @@ def test_a_smoke_budget_baseline_is_never_reused_by_a_default_budget_verdict(
     assert full.baselines["eager_tf32_off"] != smoke.baselines["eager_tf32_off"]
 
     stats = full.baselines["eager_tf32_off"]
-    if stats.median_rel_err > MAX_MEDIAN_REL_ERR:
-        pytest.skip(f"the machine was too busy: the default-budget baseline's median is ±{stats.median_rel_err:.1%}, "
-                    "which no verdict reuses")
+    skip_unless_cacheable(stats, "the default-budget baseline")
     quick = run_evaluation(task, solution, make_config(timing=FAST_TIMING))
     assert quick.baseline_sources == {"eager_tf32_off": "cache"}  # the thorough entry serves a quicker verdict
     assert quick.baseline_seconds == {}

@@ -32,7 +32,7 @@ from cuda_agent.environment import BuildConfig, EvalConfig, Status, baselines, l
 from cuda_agent.environment.guards import GuardConfig, run_static_guards
 
 from redteam_support import CUDA_EXPLOITS, EXPLOITS, HONEST, REDTEAM, REDTEAM_TIMING, TASKS, uses_load_inline
-from support import EXAMPLES
+from support import EXAMPLES, skip_unless_cacheable
 
 pytestmark = pytest.mark.slow  # shares one compiled extension across the suite
 
@@ -315,10 +315,7 @@ def test_baseline_cache_poisoning_does_not_reach_later_evaluations(tmp_path, ses
 
     poisoner = run_evaluation(task, solution_dir(EXPLOITS / "poison_baseline_cache.py"), config)
     assert poisoner.status is Status.CORRECT, poisoner.error
-    stats = poisoner.baselines["eager_tf32_off"]
-    if stats.median_rel_err > baselines.MAX_MEDIAN_REL_ERR:
-        pytest.skip(f"the machine was too busy: the poisoner's eager baseline has its median ±{stats.median_rel_err:.1%}, "
-                    "which no later verdict reuses from the cache")
+    skip_unless_cacheable(poisoner.baselines["eager_tf32_off"], "the poisoner's eager baseline")
     honest = run_evaluation(task, solution_dir(HONEST / "honest_relu.py"), config)
     assert honest.status is Status.CORRECT, honest.error
     assert honest.baseline_sources["eager_tf32_off"] == "cache", honest.baseline_sources
