@@ -8,11 +8,11 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
 ``synth_multi_gpu.py publish`` and ``cuda-agent synth card --checks`` read them.
 
     # on the GPU machine (the data folder travels with the working tree)
-    python bench/dataset_check.py run --data data/ops-5k-h200 --minutes 8.5 --out $OUT
+    python bench/dataset_check.py run --data data/ops-6k-h200 --minutes 8.5 --out $OUT
     # here, with the rows it returned
-    python bench/dataset_check.py merge --data data/ops-5k-h200 checks_*.jsonl
+    python bench/dataset_check.py merge --data data/ops-6k-h200 checks_*.jsonl
     # a check made under conditions since fixed: judged again by a later run
-    python bench/dataset_check.py forget --data data/ops-5k-h200 ecfc34a1085db432
+    python bench/dataset_check.py forget --data data/ops-6k-h200 ecfc34a1085db432
 
 ``run`` writes ``checks_<time>.jsonl`` (one row per task it judged: status, error, the four baseline
 medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:

@@ -10,7 +10,7 @@ Triton's), so every pass times every baseline and compiles every task as if new 
 A short pass over ``--warmup`` other tasks first loads the libraries from disk, which would
 otherwise slow only the first pass.
 
-    python bench/shared_gpu.py --tasks data/ops-5k-h200/tasks.parquet --n 80 --lanes 1 2 \\
+    python bench/shared_gpu.py --tasks data/ops-6k-h200/tasks.parquet --n 80 --lanes 1 2 \\
         --pass-s 240 --out bench/results/shared_gpu_h200.json
 
 ``--compile-threads default 1`` runs each lane count twice: with inductor's default code-generation

@@ -175,7 +175,7 @@ print(json.dumps({"reserved": torch.cuda.max_memory_reserved(), "environment": w
 def _dataset_task(task_id: str) -> str:
     import pyarrow.parquet as pq
 
-    table = pq.read_table(REPO_ROOT / "data" / "ops-5k-h200" / "tasks.parquet", filters=[("id", "=", task_id)])
+    table = pq.read_table(REPO_ROOT / "data" / "ops-6k-h200" / "tasks.parquet", filters=[("id", "=", task_id)])
     return table.column("code")[0].as_py()
 
 
