@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -229,9 +230,11 @@ def run_differential(base: EvalConfig, root: Path) -> dict[str, dict[str, Verdic
         path.write_text(solution_source(style, base.device, tag))
         paths[style.name] = path
     torch_builder = base.replace(build=BuildConfig(cuda_arch=base.build.cuda_arch, lean=False))
-    for config in (base, torch_builder):
-        build_many([load_solution(p) for p in paths.values()], config.device, config.build, config.cache_dir,
-                   max_parallel=max(1, (os.cpu_count() or 2) // 2), sandbox_config=config.sandbox)
+    with ThreadPoolExecutor(max_workers=2) as pool:  # the builders side by side: one compiler process a build
+        list(pool.map(lambda config: build_many([load_solution(p) for p in paths.values()], config.device,
+                                                config.build, config.cache_dir,
+                                                max_parallel=max(1, (os.cpu_count() or 2) // 2),
+                                                sandbox_config=config.sandbox), (base, torch_builder)))
     task = load_task(TASK)
     with Prestarter(base, count=2) as prestarted:  # the two configs share a slot key
         return {name: {"lean": evaluate(task, path, base, prestarted=prestarted),

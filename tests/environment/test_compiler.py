@@ -91,9 +91,10 @@ def _tiny_workdir(root: Path) -> Path:
 
 
 @pytest.mark.parametrize("lean", [True, False])
-def test_both_build_paths_build_a_workdir_module(tmp_path: Path, lean: bool) -> None:
-    """The lean path, and torch's JIT builder behind ``build.lean = False`` (the fallback)."""
+def test_both_build_paths_build_a_workdir_module(tmp_path: Path, session_cache_dir: Path, lean: bool) -> None:
+    """The lean path, and torch's JIT builder behind ``build.lean = False`` (the fallback). On the
+    session's cache: the lean path's precompiled header is the run's (a private cache builds its own)."""
     root = _tiny_workdir(tmp_path / "solution")
-    built = build_solution(load_solution(root), "cpu", BuildConfig(lean=lean), tmp_path / "cache")
+    built = build_solution(load_solution(root), "cpu", BuildConfig(lean=lean), session_cache_dir)
     assert (built.extensions_dir / "cuda_extension.so").is_file()
     assert built.info.compile_stats["units"] == (2 if lean else 0)  # its unit and the generated module
