@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cuda_agent.environment.build import build_solution
+from cuda_agent.environment.build import build_solution, toolchain_dir
+from cuda_agent.environment.build_sandbox import prepare_toolchain
 from cuda_agent.environment.compiler import first_include
 from cuda_agent.environment.config import BuildConfig, SandboxConfig
 from cuda_agent.environment.nvcc_phases import _plan
@@ -66,6 +67,10 @@ def test_rebuild_after_a_kernel_edit_compiles_only_the_edited_unit(tmp_path: Pat
     only (as root a build is sandboxed and its objects stay private: test_build_sandbox), so the
     sandbox is off here."""
     stats, run = [], secrets.token_hex(8)  # new sources even on a cache kept between test runs
+    # The precompiled header made ahead, as a sandboxed build's preparation makes it (an unsandboxed
+    # build would make it itself, importing torch): alone, this test sees what it sees in the suite.
+    prepare_toolchain("cpu", BuildConfig(), session_cache_dir, toolchain_dir("cpu", BuildConfig(), session_cache_dir),
+                      precompiled_header=True, shim=False)
     for edit in ("first", "second"):
         root = tmp_path / edit
         shutil.copytree(EXAMPLES / "solutions" / "cpu_workdir" / "rmsnorm", root)
