@@ -219,7 +219,7 @@ def selected_styles(device: str) -> list[Style]:
 
 
 def run_differential(base: EvalConfig, root: Path) -> dict[str, dict[str, Verdict | str | None]]:
-    """Build the selected entries for ``base.device`` with both builders (each set in parallel),
+    """Build the selected entries for ``base.device`` with both builders at once,
     then evaluate each entry both ways: ``{name: {"lean": verdict, "torch": verdict,
     "cuda_prelude": the lean build's CUDA prelude, if it had a CUDA unit}}``."""
     tag = secrets.token_hex(4)  # a cold build each run, whatever the cache holds
@@ -230,11 +230,14 @@ def run_differential(base: EvalConfig, root: Path) -> dict[str, dict[str, Verdic
         path.write_text(solution_source(style, base.device, tag))
         paths[style.name] = path
     torch_builder = base.replace(build=BuildConfig(cuda_arch=base.build.cuda_arch, lean=False))
+    solutions = [load_solution(p) for p in paths.values()]
+
+    def build_all(config: EvalConfig) -> None:
+        build_many(solutions, config.device, config.build, config.cache_dir,
+                   max_parallel=max(1, (os.cpu_count() or 2) // 2), sandbox_config=config.sandbox)
+
     with ThreadPoolExecutor(max_workers=2) as pool:  # the builders side by side: one compiler process a build
-        list(pool.map(lambda config: build_many([load_solution(p) for p in paths.values()], config.device,
-                                                config.build, config.cache_dir,
-                                                max_parallel=max(1, (os.cpu_count() or 2) // 2),
-                                                sandbox_config=config.sandbox), (base, torch_builder)))
+        list(pool.map(build_all, (base, torch_builder)))
     task = load_task(TASK)
     with Prestarter(base, count=2) as prestarted:  # the two configs share a slot key
         return {name: {"lean": evaluate(task, path, base, prestarted=prestarted),

@@ -85,11 +85,13 @@ def test_rebuild_after_a_kernel_edit_compiles_only_the_edited_unit(tmp_path: Pat
 
 
 def _tiny_workdir(root: Path) -> Path:
-    """A workdir whose one unit needs only pybind11 (seconds to compile, not a torch header)."""
+    """A workdir whose one unit needs only pybind11 (seconds to compile, not a torch header), new
+    sources each time (a cold build even on a cache kept between test runs)."""
     (root / "kernels").mkdir(parents=True)
     (root / "kernels" / "add_binding.cpp").write_text(
         "#include <pybind11/pybind11.h>\n"
-        "void register_add(pybind11::module_& m) { m.def(\"add\", [](int a, int b) { return a + b; }); }\n")
+        "void register_add(pybind11::module_& m) { m.def(\"add\", [](int a, int b) { return a + b; }); }\n"
+        f"// run {secrets.token_hex(8)}\n")
     (root / "model_new.py").write_text("import torch.nn as nn\nimport cuda_extension\n\n\n"
                                        "class ModelNew(nn.Module):\n    pass\n")
     return root
