@@ -144,6 +144,36 @@ def test_a_sandboxed_process_opens_a_shared_block_reads_it_and_its_writes_land_i
     shared.release()
 
 
+_READER = r"""
+import json, sys, torch
+from cuda_agent.environment.shared_tensors import open_share
+torch.cuda.init()
+torch.empty(1, device="cuda")
+print("ready", flush=True)
+opened = open_share(json.loads(sys.stdin.readline()), "cuda")
+print(json.dumps({"sum": float(opened.tree[0].double().sum())}), flush=True)
+"""
+
+
+def test_a_share_is_whole_when_its_header_is_handed_over() -> None:
+    """The receiver reads a share on a stream of its own process, which nothing orders after the
+    sender's: ``share`` returns only once its copies are done, even while the sender's stream is
+    still busy (here a kernel that spins for about a second ahead of the copy)."""
+    reader = subprocess.Popen([sys.executable, "-c", _READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=child_env())
+    try:
+        assert reader.stdout.readline().strip() == "ready"
+        data = torch.full((1 << 26,), 3.0, device="cuda")
+        torch.cuda.synchronize()
+        torch.cuda._sleep(2_000_000_000)
+        shared = share([data], "cuda")
+        reply, _ = reader.communicate(json.dumps(shared.header) + "\n", timeout=120)
+    finally:
+        reader.kill()
+    assert json.loads(reply.strip().splitlines()[-1])["sum"] == 3.0 * (1 << 26)
+    shared.release()
+
+
 WIDE_CONV_TASK = """
 import torch
 class Model(torch.nn.Module):
@@ -197,4 +227,5 @@ def test_a_worker_of_a_shared_gpu_keeps_cudnn_within_its_share(tmp_path: Path, t
     reply = json.loads(probe.stdout.strip().splitlines()[-1])
     share = reply["total"] // evaluations
     assert int(reply["environment"]["conv_workspace_cap_mb"]) == share // 2 // 2**20
+    assert int(reply["environment"]["device_memory_cap_mb"]) == share // 2**20
     assert reply["reserved"] <= share, (reply["reserved"], share)

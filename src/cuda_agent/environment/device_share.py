@@ -18,7 +18,11 @@ whose workspace it can allocate, so on a GPU with memory free it may take most o
 held 133 GB of an H200 beside other checks, which then ran out of memory; most likely that of a
 ``ConvTranspose1d`` task, whose check also timed it 5x slower than the synthesis filter had) and a
 different algorithm than where less is free. Workers of a shared GPU cap that
-workspace (:func:`conv_workspace_cap_mb`, ``CUDNN_CONV_WSCAP_DBG``).
+workspace (:func:`conv_workspace_cap_mb`, ``CUDNN_CONV_WSCAP_DBG``). That cap did not hold every
+task (a later self-check with five lanes still saw workers of convolution tasks at 70-135 GB of an
+H200, and sound tasks beside them fail for want of memory), so each worker's allocator is capped at
+its evaluation's share as well (``torch.cuda.set_per_process_memory_fraction``): a task that needs
+more fails in its own workers.
 """
 
 from __future__ import annotations

@@ -44,7 +44,7 @@ from cuda_agent.environment.shared_tensors import IncomingShare, OutgoingShare, 
 from cuda_agent.environment.task import REQUIRED_NAMES
 from cuda_agent.environment.timed_cpus import pinned_to
 from cuda_agent.environment.timing import FreshInputs, make_timer, measure, perturb_
-from cuda_agent.environment.worker import cap_address_space, peak_memory, serve, warm_device
+from cuda_agent.environment.worker import cap_address_space, device_memory_cap_mb, peak_memory, serve, warm_device
 
 
 def _to_double(tree):
@@ -501,6 +501,8 @@ class ReferenceWorker:
             env["driver"] = self.driver if self.driver != "unknown" else _driver_version()
             if CONV_WORKSPACE_VARIABLE in os.environ:  # a shared GPU's cap, or the user's
                 env["conv_workspace_cap_mb"] = os.environ[CONV_WORKSPACE_VARIABLE]
+            if device_memory_cap_mb() is not None:  # a shared GPU's share of the device
+                env["device_memory_cap_mb"] = str(device_memory_cap_mb())
         else:
             env["cpu"] = _cpu_model()
             env["threads"] = str(torch.get_num_threads())

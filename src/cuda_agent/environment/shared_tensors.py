@@ -71,6 +71,9 @@ class _Region:
         """``(keep-alive, uint8 tensor)``: the region's bytes as this process can read them."""
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Wait until what was written can be read by another process."""
+
     def release(self) -> None:
         raise NotImplementedError
 
@@ -91,6 +94,9 @@ class _DeviceRegion(_Region):
 
     def view(self) -> tuple[Any, torch.Tensor]:
         return None, self._block.bytes
+
+    def settle(self) -> None:
+        torch.cuda.current_stream().synchronize()
 
     def release(self) -> None:
         self._block.free()
@@ -148,8 +154,15 @@ class OutgoingShare:
 
     def write(self, tree: Any) -> bool:
         """Copy ``tree``'s tensors into the region; False (nothing guaranteed written) when its
-        structure, a shape, a dtype or a non-tensor leaf differs from the template's."""
-        return _write_into(self._region, self._tree, tree)
+        structure, a shape, a dtype or a non-tensor leaf differs from the template's. On CUDA it
+        returns once the copies are done: the receiver reads the region on a stream of its own
+        process, which nothing orders after this one's (handed over as soon as they were enqueued,
+        the reference's inputs could be read half-written: fingerprinted so before the run and whole
+        after it, the likely cause of "forward() modified input 0 in place" for a forward that
+        writes nothing)."""
+        written = _write_into(self._region, self._tree, tree)
+        self._region.settle()
+        return written
 
     def view(self) -> IncomingShare:
         """The share's contents as this process sees them (to compare with what was written)."""

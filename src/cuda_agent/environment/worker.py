@@ -437,13 +437,23 @@ def cap_address_space(limit_mb: int) -> None:
 Handler = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+_device_memory_cap: dict[str, int] = {}
+"""``{"bytes": n}`` once :func:`warm_device` capped this process's allocator on a shared GPU."""
+
+
+def device_memory_cap_mb() -> int | None:
+    """The cap :func:`warm_device` put on this process's device allocator (MiB), if any."""
+    return _device_memory_cap["bytes"] // 2**20 if "bytes" in _device_memory_cap else None
+
+
 def warm_device(msg: dict[str, Any]) -> dict[str, Any]:
     """Initialise the device before any task or candidate is loaded (a worker's first request,
     sent as it starts): the evaluation that takes the worker does not wait for a CUDA context.
     The modules in ``imports`` (what earlier tasks of the stream imported) are imported first. With
-    ``evaluations`` > 1 the GPU is shared: cuDNN's convolution workspace is capped at half of this
-    worker's share (see :mod:`~cuda_agent.environment.device_share`), before any task code runs.
-    Workers whose first real request needs more (imports, probes) register their own ``warm``."""
+    ``evaluations`` > 1 the GPU is shared: before any task code runs, the worker's allocator is
+    capped at its evaluation's share of the device, and cuDNN's convolution workspace at half of it
+    (see :mod:`~cuda_agent.environment.device_share`). Workers whose first real request needs more
+    (imports, probes) register their own ``warm``."""
     import torch
 
     import_ahead(msg.get("imports", ()))
@@ -451,9 +461,13 @@ def warm_device(msg: dict[str, Any]) -> dict[str, Any]:
         torch.cuda.init()
         torch.empty(1, device="cuda")
         torch.cuda.synchronize()
-        if msg.get("evaluations", 1) > 1 and CONV_WORKSPACE_VARIABLE not in os.environ:  # a user's own cap is kept
+        evaluations = msg.get("evaluations", 1)
+        if evaluations > 1:
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-            os.environ[CONV_WORKSPACE_VARIABLE] = str(conv_workspace_cap_mb(total, msg["evaluations"]))
+            torch.cuda.set_per_process_memory_fraction(1 / evaluations)
+            _device_memory_cap["bytes"] = total // evaluations
+            if CONV_WORKSPACE_VARIABLE not in os.environ:  # a user's own cap is kept
+                os.environ[CONV_WORKSPACE_VARIABLE] = str(conv_workspace_cap_mb(total, evaluations))
     return {}
 
 
