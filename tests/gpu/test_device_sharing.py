@@ -17,7 +17,7 @@ from cuda_agent.environment import Status
 from cuda_agent.environment.config import LimitsConfig, SandboxConfig
 from cuda_agent.environment.cuda_ipc import allocation_range
 from cuda_agent.environment.reference_worker import ReferenceWorker
-from cuda_agent.environment.shared_tensors import share
+from cuda_agent.environment.shared_tensors import OutgoingShare, share
 from cuda_agent.environment.worker import child_env
 
 from support import EXAMPLES, REPO_ROOT
@@ -157,16 +157,18 @@ print(json.dumps({"sum": float(opened.tree[0].double().sum())}), flush=True)
 
 def test_a_share_is_whole_when_its_header_is_handed_over() -> None:
     """The receiver reads a share on a stream of its own process, which nothing orders after the
-    sender's: ``share`` returns only once its copies are done, even while the sender's stream is
-    still busy (here a kernel that spins for about a second ahead of the copy)."""
+    sender's: ``write`` returns only once its copies are done, even while the sender's stream is
+    still busy (here a kernel that spins for about a second ahead of the copy; it is enqueued after
+    the block is allocated, since allocating synchronises the stream)."""
     reader = subprocess.Popen([sys.executable, "-c", _READER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env=child_env())
     try:
         assert reader.stdout.readline().strip() == "ready"
         data = torch.full((1 << 26,), 3.0, device="cuda")
         torch.cuda.synchronize()
+        shared = OutgoingShare([data], "cuda")
         torch.cuda._sleep(2_000_000_000)
-        shared = share([data], "cuda")
+        assert shared.write([data])
         reply, _ = reader.communicate(json.dumps(shared.header) + "\n", timeout=120)
     finally:
         reader.kill()
