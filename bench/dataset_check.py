@@ -11,8 +11,9 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
     python bench/dataset_check.py run --data data/ops-6k-h200 --minutes 8.5 --out $OUT
     # here, with the rows it returned
     python bench/dataset_check.py merge --data data/ops-6k-h200 checks_*.jsonl
-    # a check made under conditions since fixed: judged again by a later run
+    # a check made under conditions since fixed: judged again by a later run (--first: before the rest)
     python bench/dataset_check.py forget --data data/ops-6k-h200 ecfc34a1085db432
+    python bench/dataset_check.py run --data data/ops-6k-h200 --first ecfc34a1085db432 --out $OUT
 
 ``run`` writes ``checks_<time>.jsonl`` (one row per task it judged: status, error, the four baseline
 medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:
@@ -36,7 +37,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from benchlib import (Budget, check_medians, check_rates, device_held, json_lines, machine_details, tasks_check,
                       write_json)
@@ -45,9 +46,11 @@ from gpu_timeline import gpu_timeline
 from cuda_agent.synth import checks
 
 
-def write_slice(data: Path, seed: int, folder: Path, reverse: bool = False) -> tuple[Path, int]:
-    """The set's tasks without a check, in ``seed``'s order (from its end with ``reverse``), as a
-    Parquet of the set's own columns; and how many there are."""
+def write_slice(data: Path, seed: int, folder: Path, reverse: bool = False,
+                first: Sequence[str] = ()) -> tuple[Path, int]:
+    """The set's tasks without a check, in ``seed``'s order (from its end with ``reverse``) after
+    those of ``first`` (e.g. tasks forgotten after a fix, to see it hold), as a Parquet of the set's
+    own columns; and how many there are."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -55,6 +58,11 @@ def write_slice(data: Path, seed: int, folder: Path, reverse: bool = False) -> t
     left = checks.to_check(table.column("id").to_pylist(), checks.read(data / checks.CHECKS), seed)
     if reverse:
         left.reverse()
+    stray = sorted(set(first) - set(left))
+    if stray:
+        raise SystemExit(f"--first: {', '.join(stray)} not among the {len(left)} tasks of {data} without a check")
+    ahead = dict.fromkeys(first)
+    left = [*ahead, *(task for task in left if task not in ahead)]
     position = {task: index for index, task in enumerate(table.column("id").to_pylist())}
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tasks.parquet"
@@ -66,7 +74,7 @@ def run(args: argparse.Namespace) -> None:
     budget = Budget(args.minutes * 60)
     stamp = int(time.time())
     work = args.work / str(stamp)
-    tasks, left = write_slice(args.data, args.seed, work / "slice", args.reverse)
+    tasks, left = write_slice(args.data, args.seed, work / "slice", args.reverse, args.first)
     print(f"{left} tasks of {args.data} without a check; checking for {args.minutes:g} minutes", flush=True)
     if not left:
         return
@@ -137,6 +145,9 @@ def main() -> None:
     check.add_argument("--reverse", action="store_true",
                        help="take the tasks from the end of --seed's order: a second run on other GPUs of the host "
                             "(e.g. one the GPU tests used first) judges other tasks than one going forward")
+    check.add_argument("--first", nargs="+", default=[], metavar="TASK",
+                       help="unchecked tasks to judge before the rest, in this order (e.g. those forgotten after a "
+                            "fix, to see it hold)")
     check.add_argument("--work", type=Path, default=Path("/tmp/dataset-check"))
     check.add_argument("--out", type=Path, required=True, help="where the rows and the summary are written")
     gather = steps.add_parser("merge", help="add a run's rows to the data folder's checks.parquet")

@@ -35,6 +35,27 @@ def test_dataset_check_reverse_slice_takes_the_same_order_from_its_end(tmp_path:
     assert pq.read_table(behind).column("id").to_pylist() == forward[::-1]
 
 
+def test_dataset_check_first_tasks_lead_the_slice_and_a_checked_one_is_refused_by_name(
+        tmp_path: Path, bench: None) -> None:
+    """Tasks forgotten after a fix are judged first, to see it hold; one that has a check already
+    (or is not in the set) would be silently skipped, so it is an error naming it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import dataset_check
+    from cuda_agent.synth import checks
+
+    data = tmp_path / "data"
+    data.mkdir()
+    pq.write_table(pa.table({"id": [f"t{i}" for i in range(6)], "code": [""] * 6}), data / "tasks.parquet")
+    checks.merge(data / checks.CHECKS, [{"task": "t0", "status": "correct", "checked_at": 1.0}])
+    path, count = dataset_check.write_slice(data, 3, tmp_path / "slice", reverse=True, first=["t5", "t2", "t5"])
+    order = pq.read_table(path).column("id").to_pylist()
+    assert count == 5 and order[:2] == ["t5", "t2"] and sorted(order) == ["t1", "t2", "t3", "t4", "t5"]
+    with pytest.raises(SystemExit, match="t0, t9 not among the 5 tasks"):
+        dataset_check.write_slice(data, 3, tmp_path / "again", first=["t9", "t0"])
+
+
 def _state(work: Path, journal: str) -> None:
     import synth_multi_gpu
 
