@@ -155,6 +155,25 @@ def test_corrupt_journal_line_is_reported_with_its_number(tmp_path: Path) -> Non
         DatasetWriter.open(tmp_path, INFO)
 
 
+def test_a_retimed_task_names_the_device_that_timed_it_and_older_entries_keep_theirs(tmp_path: Path) -> None:
+    first, second, third = make_records()[:3]
+    with DatasetWriter.open(tmp_path, INFO) as writer:
+        writer.append([first, second, third])
+        assert writer.retime({first.id: (2.5, 1.5, "NVIDIA H100 80GB HBM3"), second.id: (3.0, 2.0, None)}) == 2
+        assert writer.retime({first.id: (2.5, 1.5, "NVIDIA H100 80GB HBM3")}) == 0  # the same timing: nothing new
+        assert writer.retime({first.id: (2.5, 1.5, "NVIDIA H200")}) == 1  # the same times from another GPU
+    with (tmp_path / JOURNAL).open("a") as journal:  # an entry journaled before entries named their device
+        journal.write(json.dumps({"retimed": {"id": third.id, "eager_ms": 4.0, "compile_ms": 1.0}}) + "\n")
+    with DatasetWriter.reopen(tmp_path) as writer:  # the journal replayed
+        by_id = {record.id: record for record in writer.accepted}
+    assert (by_id[first.id].eager_ms, by_id[first.id].device) == (2.5, "NVIDIA H200")
+    assert (by_id[second.id].eager_ms, by_id[second.id].device) == (3.0, second.device)
+    assert (by_id[third.id].eager_ms, by_id[third.id].device) == (4.0, third.device)
+    (tmp_path / JOURNAL).write_text((tmp_path / JOURNAL).read_text().replace('"compile_ms": 1.0}', '"compile_ms": 1.0, "device": 7}'))
+    with pytest.raises(DatasetError, match=r"invalid retimed entry .*device as a string"):
+        DatasetWriter.reopen(tmp_path)
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     return path

@@ -266,7 +266,7 @@ def test_a_sets_self_check_withdraws_the_tasks_it_fails_and_gives_the_rest_its_t
     assert numbers["rejected"]["self_check"] == {"task_error": 1}
     by_id = {record.id: record for record in read_dataset(out)}
     assert ids[1] not in by_id and ids[2] in by_id  # a worker's failure is not held against its task
-    assert (by_id[ids[0]].eager_ms, by_id[ids[0]].compile_ms) == (12.5, 3.25)
+    assert (by_id[ids[0]].eager_ms, by_id[ids[0]].compile_ms, by_id[ids[0]].device) == (12.5, 3.25, "NVIDIA H200")
     again = pipeline.apply_checks(out, out / checks.CHECKS)  # nothing new: nothing journaled
     assert (again["withdrawn"], again["retimed"], again["tasks"]) == (0, 0, 4)
     with DatasetWriter.reopen(out) as writer:  # a later call's finalize replays the journal: the times stay
@@ -279,3 +279,4 @@ def test_a_sets_self_check_withdraws_the_tasks_it_fails_and_gives_the_rest_its_t
     assert card["withdrawn"] == [{"task": ids[1], "status": "task_error",
                                   "error": "its output's shape depends on rounding\nmore"}]
     assert "Withdrawn by their check" in (out / "README.md").read_text()
+    assert "| times measured on (tasks) | NVIDIA H200: 1; cpu: 3 |" in (out / "README.md").read_text()

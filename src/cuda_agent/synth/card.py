@@ -94,6 +94,8 @@ def _settings(numbers: Mapping[str, Any]) -> str:
     window = run.get("eager_window_ms")
     gpus = sorted({gpu for record in numbers.get("runs", []) for gpu in record.get("machine", {}).get("gpus", [])})
     rows = [("device", run.get("device", "unknown") + (f" ({', '.join(gpus)})" if gpus else "")),
+            ("times measured on (tasks)", "; ".join(f"{device}: {count}" for device, count in numbers["devices"].items())
+             or "none"),
             ("eager time window", f"{window[0]:g} - {window[1]:g} ms" if window else "unknown"),
             ("eager time (min / median / max)", _ms(numbers["eager_ms"])),
             ("torch.compile time (min / median / max)", _ms(numbers["compile_ms"])),
@@ -285,7 +287,8 @@ def _differences_section(numbers: Mapping[str, Any]) -> str:
 - `data_source` is `<seed source>#<number of fused operators>` (`torch#3`, `transformers#5`), the
   Ops-6K convention; many rows share a value, so it is not an id. `id` is the content hash of
   `code`; `ops`, `code` as in Ops-6K; `eager_ms`, `compile_ms`, `device`, `seed_ops_version`,
-  `composer`, `seed`, `source` are ours.
+  `composer`, `seed`, `source` are ours. `device` names what measured the row's times: the GPU
+  model of its self-check, else the synthesis filter's device (the runs above name its GPUs).
 - Filter: eager and `torch.compile` must run, be deterministic and not degenerate, with the eager
   time inside the window above (the paper's window on CUDA is 1-100 ms), and near-copies of
   KernelBench problems are withdrawn, as in the paper; the thresholds are cuda-agent's own.

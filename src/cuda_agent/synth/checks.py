@@ -162,10 +162,11 @@ def rejection(row: dict[str, Any]) -> Rejection:
     return Rejection(row["task"], STAGE, row["status"], next(iter((row["error"] or "").splitlines()), ""))
 
 
-def times(rows: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float]]:
-    """``(eager_ms, compile_ms)`` (TF32 off) by task, of the ``correct`` checks that timed both:
-    the verdict's protocol on the checking GPU, which the set's own columns then report."""
-    return {task: (row["eager_ms"], row["compile_ms"]) for task, row in rows.items()
+def times(rows: dict[str, dict[str, Any]]) -> dict[str, tuple[float, float, str | None]]:
+    """``(eager_ms, compile_ms, device)`` (TF32 off) by task, of the ``correct`` checks that timed
+    both: the verdict's protocol on the checking GPU (``device``, its model), which the set's own
+    columns then report, so that a set checked on several GPU models says which timed each task."""
+    return {task: (row["eager_ms"], row["compile_ms"], row["device"]) for task, row in rows.items()
             if row["status"] == "correct" and row["eager_ms"] is not None and row["compile_ms"] is not None}
 
 

@@ -58,6 +58,11 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+Timing = tuple[float, float, "str | None"]
+"""A task's new ``(eager_ms, compile_ms, device)``: ``device`` names what timed it (a GPU model), or
+is ``None`` where that is not known (entries journaled before it was), which keeps the record's."""
+
+
 _STRING = ("string", lambda value: isinstance(value, str), "a string")
 # Column -> (arrow type name, check, what the check wants). The dataset card's core columns first, then the
 # remaining TaskRecord fields; a TaskRecord field missing here fails the tests, not a run.
@@ -179,7 +184,7 @@ def read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
             handle.truncate(len(complete))
             os.fsync(handle.fileno())
     accepted, rejected = [], []
-    times: dict[str, tuple[float, float]] = {}  # the latest retimed entry of each task
+    times: dict[str, Timing] = {}  # the latest retimed entry of each task
     for number, line in enumerate(complete.decode("utf-8").splitlines(), start=1):
         origin = f"{path}:{number}"
         try:
@@ -200,8 +205,7 @@ def read_journal(path: Path) -> tuple[list[TaskRecord], list[Rejection]]:
             rejected.append(rejection)
         else:
             raise DatasetError(f"{origin}: expected {{'accepted': row}}, {{'rejected': ...}} or {{'retimed': ...}}")
-    accepted = [dataclasses.replace(record, eager_ms=times[record.id][0], compile_ms=times[record.id][1])
-                if record.id in times else record for record in accepted]
+    accepted = [_retimed(record, times[record.id]) if record.id in times else record for record in accepted]
     return accepted, rejected
 
 
@@ -214,12 +218,19 @@ def _withdraws(rejection: Rejection, accepted: Iterable[TaskRecord]) -> bool:
     return rejection.stage in WITHDRAWING_STAGES and any(record.id == rejection.id for record in accepted)
 
 
-def _times(entry: Mapping[str, Any], origin: str) -> tuple[float, float]:
-    """``(eager_ms, compile_ms)`` of a ``retimed`` entry (see :meth:`DatasetWriter.retime`)."""
+def _times(entry: Mapping[str, Any], origin: str) -> Timing:
+    """The :data:`Timing` of a ``retimed`` entry (see :meth:`DatasetWriter.retime`)."""
+    device = entry.get("device")
     if not (isinstance(entry.get("id"), str) and _is_number(entry.get("eager_ms"))
-            and _is_number(entry.get("compile_ms"))):
-        raise DatasetError(f"{origin}: invalid retimed entry (expected id, eager_ms and compile_ms)")
-    return entry["eager_ms"], entry["compile_ms"]
+            and _is_number(entry.get("compile_ms")) and (device is None or isinstance(device, str))):
+        raise DatasetError(f"{origin}: invalid retimed entry (expected id, eager_ms and compile_ms, "
+                           "and device as a string where given)")
+    return entry["eager_ms"], entry["compile_ms"], device
+
+
+def _retimed(record: TaskRecord, timing: Timing) -> TaskRecord:
+    eager_ms, compile_ms, device = timing
+    return dataclasses.replace(record, eager_ms=eager_ms, compile_ms=compile_ms, device=device or record.device)
 
 
 class DatasetWriter:
@@ -356,17 +367,24 @@ class DatasetWriter:
             self._journal.flush()
             os.fsync(self._journal.fileno())
 
-    def retime(self, times: Mapping[str, tuple[float, float]]) -> int:
-        """Journal new ``(eager_ms, compile_ms)`` for accepted tasks (e.g. from their self-check), so
-        that every later :meth:`finalize` writes them. Returns how many tasks changed: times equal to
-        the stored ones add nothing, so applying the same checks again is free."""
+    def retime(self, times: Mapping[str, Timing]) -> int:
+        """Journal a new :data:`Timing` for accepted tasks (e.g. from their self-check), so that
+        every later :meth:`finalize` writes it: the times and the device that measured them. Returns
+        how many tasks changed: a timing equal to the stored one adds nothing, so applying the same
+        checks again is free."""
         lines, by_id = [], {record.id: index for index, record in enumerate(self._accepted)}
-        for task, (eager_ms, compile_ms) in times.items():
+        for task, timing in times.items():
             index = by_id.get(task)
-            if index is None or (self._accepted[index].eager_ms, self._accepted[index].compile_ms) == (eager_ms, compile_ms):
+            if index is None:
                 continue
-            self._accepted[index] = dataclasses.replace(self._accepted[index], eager_ms=eager_ms, compile_ms=compile_ms)
-            lines.append({"retimed": {"id": task, "eager_ms": eager_ms, "compile_ms": compile_ms}})
+            record = self._accepted[index]
+            retimed = _retimed(record, timing)
+            if (retimed.eager_ms, retimed.compile_ms, retimed.device) == (record.eager_ms, record.compile_ms,
+                                                                          record.device):
+                continue
+            self._accepted[index] = retimed
+            lines.append({"retimed": {"id": task, "eager_ms": retimed.eager_ms, "compile_ms": retimed.compile_ms,
+                                      "device": retimed.device}})
         self._write(lines)
         return len(lines)
 

@@ -238,7 +238,7 @@ def read_checks(path: Path, tasks: Mapping[str, tuple[float | None, float | None
     return {"path": path.name if path.suffix == ".parquet" else str(path), "checked": len(checked),
             "correct": sum(row["status"] == "correct" for row in checked),
             "statuses": dict(Counter(row["status"] for row in checked)), "not_checked": len(tasks) - len(checked),
-            "timed_by_check": sum(times.get(task) == measured for task, measured in tasks.items()),
+            "timed_by_check": sum(times.get(task, ())[:2] == measured for task, measured in tasks.items()),
             "failed": [row for row in failing if row["task"] in tasks],
             "withdrawn": [row for row in failing if row["task"] not in tasks],
             "outside_window": [] if window_ms is None else [
