@@ -279,4 +279,4 @@ def test_a_sets_self_check_withdraws_the_tasks_it_fails_and_gives_the_rest_its_t
     assert card["withdrawn"] == [{"task": ids[1], "status": "task_error",
                                   "error": "its output's shape depends on rounding\nmore"}]
     assert "Withdrawn by their check" in (out / "README.md").read_text()
-    assert "| times measured on (tasks) | NVIDIA H200: 1; cpu: 3 |" in (out / "README.md").read_text()
+    assert "| times measured on (tasks) | NVIDIA H200: 1; cpu (the synthesis filter): 3 |" in (out / "README.md").read_text()

@@ -94,8 +94,9 @@ def _settings(numbers: Mapping[str, Any]) -> str:
     window = run.get("eager_window_ms")
     gpus = sorted({gpu for record in numbers.get("runs", []) for gpu in record.get("machine", {}).get("gpus", [])})
     rows = [("device", run.get("device", "unknown") + (f" ({', '.join(gpus)})" if gpus else "")),
-            ("times measured on (tasks)", "; ".join(f"{device}: {count}" for device, count in numbers["devices"].items())
-             or "none"),
+            ("times measured on (tasks)", "; ".join(
+                f"{device}{' (the synthesis filter)' if device == run.get('device') else ''}: {count}"
+                for device, count in numbers["devices"].items()) or "none"),
             ("eager time window", f"{window[0]:g} - {window[1]:g} ms" if window else "unknown"),
             ("eager time (min / median / max)", _ms(numbers["eager_ms"])),
             ("torch.compile time (min / median / max)", _ms(numbers["compile_ms"])),
