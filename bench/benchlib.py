@@ -266,9 +266,11 @@ class CpuBusy:
 
 
 def tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget, gpus: str | None,
-                cache_dir: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+                cache_dir: Path, env: dict[str, str] | None = None, log: Path | None = None) -> dict[str, Any]:
     """``cuda-agent tasks check`` in a subprocess until done or out of budget (it resumes), with
-    ``env`` on top of this process's environment; ``cpu_busy`` is :class:`CpuBusy` over the run."""
+    ``env`` on top of this process's environment; ``cpu_busy`` is :class:`CpuBusy` over the run.
+    ``log``: where its whole stderr goes (the pool's warnings: a job retried after an
+    infrastructure fault, a lane restarted), also when it succeeded."""
     started = time.monotonic()
     command = [sys.executable, "-m", "cuda_agent.cli", "tasks", "check", str(tasks), *extra, "--out", str(out_dir), "--json",
                *(["--gpus", gpus] if gpus else [])]
@@ -284,6 +286,8 @@ def tasks_check(tasks: Path, extra: list[str], out_dir: Path, budget: Budget, gp
             except subprocess.TimeoutExpired:
                 run.kill()
                 stdout, stderr = run.communicate()
+    if log is not None:
+        log.write_text(stderr)
     complete = run.returncode in (0, 1) and stdout.strip().startswith("{")
     report = json.loads(stdout) if complete else stored_selfcheck(out_dir)  # stopped: read what the store holds
     counts = report["counts"] if report else {}

@@ -24,7 +24,8 @@ loops that ran out of budget and of the loops' seconds they took, how busy the C
 ``--compile-threads``), and ``verdicts_<time>.jsonl`` (each verdict's phases, turns on the GPU,
 baseline loops with each timing loop's samples and precision, lane and when
 it finished, with whether its workers were prestarted and the CPUs they ran on: where a slow run's
-time went).
+time went), and ``tasks_check_<time>.log`` (its stderr: the pool's warnings, e.g. a job tried again
+after an infrastructure fault, which leaves no row until it has a verdict).
 A task whose check says nothing about it (``infra_error``, ``harness_error``, e.g. the tasks the
 stop interrupted) is checked again by a later call.
 """
@@ -81,12 +82,12 @@ def run(args: argparse.Namespace) -> None:
     run_dir = work / "check"
     threads = {} if args.compile_threads == "default" else {"TORCHINDUCTOR_COMPILE_THREADS": args.compile_threads}
     slots = [] if args.prestart_slots is None else ["--prestart-slots", str(args.prestart_slots)]
+    args.out.mkdir(parents=True, exist_ok=True)
     entry = tasks_check(tasks, ["--lanes-per-gpu", str(args.lanes_per_gpu), *slots], run_dir, budget, args.gpus,
-                        args.work / "cache", threads)
+                        args.work / "cache", threads, log=args.out / f"tasks_check_{stamp}.log")
     if entry["returncode"] == 2:  # bad usage: nothing ran
         sys.exit(f"tasks check refused the run:\n{entry['stderr_tail']}")
     rows = checks.rows_from_store(run_dir) if run_dir.exists() else []
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"checks_{stamp}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     (args.out / f"verdicts_{stamp}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in entry["problems"]))
     judged = sum(row["status"] not in checks.RETRIED for row in rows)

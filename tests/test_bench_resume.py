@@ -35,6 +35,18 @@ def test_dataset_check_reverse_slice_takes_the_same_order_from_its_end(tmp_path:
     assert pq.read_table(behind).column("id").to_pylist() == forward[::-1]
 
 
+def test_a_tasks_check_run_keeps_its_stderr_in_the_log_it_is_given(tmp_path: Path, bench: None) -> None:
+    """A job tried again after an infrastructure fault leaves no row until it has a verdict: the
+    pool's warnings on stderr are then the only account of it, so they are kept."""
+    from benchlib import Budget, tasks_check
+
+    log = tmp_path / "tasks_check.log"
+    entry = tasks_check(tmp_path / "absent.parquet", [], tmp_path / "run", Budget(60), None, tmp_path / "cache",
+                        log=log)
+    assert entry["returncode"] == 2 and entry["tasks"] == 0
+    assert "absent.parquet" in log.read_text() and log.read_text().strip() in entry["stderr_tail"]
+
+
 def test_dataset_check_first_tasks_lead_the_slice_and_a_checked_one_is_refused_by_name(
         tmp_path: Path, bench: None) -> None:
     """Tasks forgotten after a fix are judged first, to see it hold; one that has a check already
