@@ -377,10 +377,8 @@ class DatasetWriter:
             index = by_id.get(task)
             if index is None:
                 continue
-            record = self._accepted[index]
-            retimed = _retimed(record, timing)
-            if (retimed.eager_ms, retimed.compile_ms, retimed.device) == (record.eager_ms, record.compile_ms,
-                                                                          record.device):
+            retimed = _retimed(self._accepted[index], timing)
+            if retimed == self._accepted[index]:
                 continue
             self._accepted[index] = retimed
             lines.append({"retimed": {"id": task, "eager_ms": retimed.eager_ms, "compile_ms": retimed.compile_ms,
