@@ -5,6 +5,7 @@ the source and what was expected."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +30,9 @@ def test_smollm2_folder_holds_the_gguf_weights_dequantised_and_is_reused(smollm2
             expected = torch.from_numpy(dequantize(tensor.data, tensor.tensor_type).copy())
             assert torch.equal(weights.get_tensor(name), expected.reshape(weights.get_tensor(name).shape)), name
     record = json.loads((smollm2_model / IMPORT_RECORD).read_text())
-    assert record["source"] == "smollm2" and record["gguf"] == str(gguf)
+    # the conversion is cached per package version, so another environment's install of the same version may have made it
+    assert record["source"] == "smollm2" and record["cache_key"] == resolve_source("smollm2").cache_key
+    assert Path(record["gguf"]).name == gguf.name
     config = json.loads((smollm2_model / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
     assert "<|im_start|>" in (smollm2_model / "chat_template.jinja").read_text()
