@@ -20,7 +20,8 @@ def test_smollm2_folder_holds_the_gguf_weights_dequantised_and_is_reused(smollm2
     from gguf.quants import dequantize
     from safetensors import safe_open
 
-    gguf = resolve_source("smollm2").path
+    source = resolve_source("smollm2")
+    gguf = source.path
     tensors = {t.name: t for t in GGUFReader(gguf).tensors}
     with safe_open(smollm2_model / "model.safetensors", "pt") as weights:
         for gguf_name, name in (("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight"),  # Q4_1
@@ -31,7 +32,7 @@ def test_smollm2_folder_holds_the_gguf_weights_dequantised_and_is_reused(smollm2
             assert torch.equal(weights.get_tensor(name), expected.reshape(weights.get_tensor(name).shape)), name
     record = json.loads((smollm2_model / IMPORT_RECORD).read_text())
     # the conversion is cached per package version, so another environment's install of the same version may have made it
-    assert record["source"] == "smollm2" and record["cache_key"] == resolve_source("smollm2").cache_key
+    assert record["source"] == "smollm2" and record["cache_key"] == source.cache_key
     assert Path(record["gguf"]).name == gguf.name
     config = json.loads((smollm2_model / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
