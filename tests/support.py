@@ -12,6 +12,7 @@ import pytest
 
 from cuda_agent.environment import TimingConfig
 from cuda_agent.environment.baselines import MAX_MEDIAN_REL_ERR
+from cuda_agent.environment.zygote import process_name, zygote_pids
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = REPO_ROOT / "examples"
@@ -48,9 +49,12 @@ def _live_processes() -> list[tuple[int, list[str]]]:
 
 
 def child_pids(parent: int | None = None) -> list[int]:
-    """Live children of ``parent`` (default: this process)."""
+    """Live children of ``parent`` (default: this process, whose worker zygotes count as the
+    workers they forked: a zygote lives as long as this process, its children must not)."""
     parent = os.getpid() if parent is None else parent
-    return [pid for pid, fields in _live_processes() if int(fields[1]) == parent]
+    zygotes = set(zygote_pids()) if parent == os.getpid() else set()
+    return [pid for pid, fields in _live_processes()
+            if (int(fields[1]) == parent and pid not in zygotes) or int(fields[1]) in zygotes]
 
 
 def live_group_members(pgid: int) -> list[int]:
@@ -135,6 +139,17 @@ def command_line(pid: int) -> str:
         return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+def runs_module(pid: int, module: str) -> bool:
+    """Whether ``pid`` runs ``module``: exec'd (``python -m module``), or a worker a zygote forked,
+    which shows the zygote's command line under a name of its own (``zygote.process_name``)."""
+    if module in command_line(pid):
+        return True
+    try:
+        return (Path("/proc") / str(pid) / "comm").read_text().strip() == process_name(module)
+    except OSError:
+        return False
 
 
 def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.05) -> bool:

@@ -17,12 +17,12 @@ from cuda_agent.environment import Status, Task, evaluate, load_task
 from cuda_agent.environment.build import BUILD_FAILED_FILE, BUILD_OK_FILE, INFRA_RETRIES, build_location, toolchain_dir
 from cuda_agent.environment.build_sandbox import prepare_toolchain
 
-from support import EXAMPLES, SMALL_RELU_TASK, command_line, descendants
+from support import EXAMPLES, SMALL_RELU_TASK, descendants, runs_module
 
 
 class Killer:
     """A thread that SIGKILLs descendants of this process named ``comm`` (the kernel's short name)
-    or whose command line holds ``fragment``, once ``ready(pid)`` holds, each at most once, at most
+    or running the module ``fragment`` (``support.runs_module``), once ``ready(pid)`` holds, each at most once, at most
     ``limit`` of them, until stopped; ``killed`` counts them."""
 
     def __init__(self, fragment: str = "", comm: str | None = None, ready=lambda pid: True,
@@ -43,7 +43,7 @@ class Killer:
     def _matches(self, pid: int) -> bool:
         if self.comm is not None:
             return _proc_text(pid, "comm") == self.comm
-        return self.fragment in command_line(pid)
+        return runs_module(pid, self.fragment)
 
     def _run(self) -> None:
         while not self._stop.wait(0.02) and self.killed < self.limit:

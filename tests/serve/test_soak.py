@@ -35,7 +35,7 @@ from cuda_agent.environment.slots import default_scratch_root
 from cuda_agent.serve.client import EvalServiceError, job_request
 
 from service_process import GUARDED, TASK, TOKEN, Server, kernel_files, start_server
-from support import command_line, descendants, is_live, wait_until
+from support import command_line, descendants, is_live, runs_module, wait_until
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -83,8 +83,8 @@ class Faults:
             if server is None or server.proc.poll() is not None:
                 continue
             self.note_processes()
-            targets = {name: [pid for pid in descendants(server.proc.pid) if fragment in command_line(pid)]
-                       for name, fragment in WORKER_TARGETS.items()}
+            targets = {name: [pid for pid in descendants(server.proc.pid) if runs_module(pid, module)]
+                       for name, module in WORKER_TARGETS.items()}
             targets["compiler"] = [pid for pid in descendants(server.proc.pid)
                                    if Path(f"/proc/{pid}/comm").exists() and _comm(pid) == "cc1plus"]
             choices = [(name, pids) for name, pids in targets.items() if pids]

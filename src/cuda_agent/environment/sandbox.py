@@ -38,6 +38,7 @@ from cuda_agent.environment.worker import die_with_parent
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWNS = 0x00020000
+_PR_SET_DUMPABLE = 4
 _MS_BIND, _MS_REC, _MS_MOVE, _MS_PRIVATE = 4096, 16384, 8192, 1 << 18
 _SLOT_DIR = Path(tempfile.gettempdir()) / "cuda-agent-sandbox-slots"
 _PRIVATE_TMP = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
@@ -78,33 +79,13 @@ class Lease:
     def preexec(self, limits: LimitsConfig, workdir: Path) -> Callable[[], None]:
         """The function the candidate's child runs between fork and exec (as root when switching).
         In the sandbox ``workdir`` becomes a private tmpfs of ``limits.disk_mb``: a hard quota."""
-        uid, isolate = self.uid, self.isolate_network
         views = [(str(directory), relatives,
                   f"size={limits.disk_mb}m,mode=1777" if directory in _PRIVATE_TMP else "mode=755")
                  for directory, relatives in self.views]
-        if uid is not None:
-            views.append((str(workdir), [], f"size={limits.disk_mb}m,mode=700,uid={uid},gid={uid}"))
-        file_bytes = limits.max_file_mb * 1024 * 1024
-
-        def enter() -> None:
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-            resource.setrlimit(resource.RLIMIT_FSIZE, (file_bytes, file_bytes))
-            resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
-            if uid is None:
-                die_with_parent()
-                return
-            if isolate and _unshare(_CLONE_NEWNET) != 0:
-                os._exit(121)  # probed by the parent before: cannot happen unless the host changed
-            if views:
-                _mount_views(views)
-                os.chdir(workdir)  # the cwd Popen entered is the directory under the new mount
-            resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes, limits.max_processes))
-            os.setgroups([])
-            os.setgid(uid)
-            os.setuid(uid)
-            die_with_parent()
-
-        return enter
+        if self.uid is not None:
+            views.append((str(workdir), [], f"size={limits.disk_mb}m,mode=700,uid={self.uid},gid={self.uid}"))
+        return _Entry(self.uid, self.isolate_network, views, str(workdir), limits.max_file_mb * 1024 * 1024,
+                      limits.cpu_s, limits.max_processes)
 
     def release(self) -> None:
         """Kill every process left running as the lease's uid, then free the slot."""
@@ -113,6 +94,38 @@ class Lease:
         lock_fd, self._lock_fd = self._lock_fd, None
         if lock_fd is not None:
             os.close(lock_fd)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """:meth:`Lease.preexec`: data, so a worker zygote can run it in the child it forks."""
+
+    uid: int | None
+    isolate_network: bool
+    views: list[tuple[str, list[str], str]]
+    workdir: str
+    file_bytes: int
+    cpu_s: int
+    max_processes: int
+
+    def __call__(self) -> None:
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (self.file_bytes, self.file_bytes))
+        resource.setrlimit(resource.RLIMIT_CPU, (self.cpu_s, self.cpu_s + 5))
+        if self.uid is None:
+            die_with_parent()
+            return
+        if self.isolate_network and _unshare(_CLONE_NEWNET) != 0:
+            os._exit(121)  # probed by the parent before: cannot happen unless the host changed
+        if self.views:
+            _mount_views(self.views)
+            os.chdir(self.workdir)  # the cwd the child entered is the directory under the new mount
+        resource.setrlimit(resource.RLIMIT_NPROC, (self.max_processes, self.max_processes))
+        os.setgroups([])
+        os.setgid(self.uid)
+        os.setuid(self.uid)
+        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 1)  # as exec as this uid leaves it: its /proc/self is its own
+        die_with_parent()
 
 
 def acquire(config: SandboxConfig, device: str, scratch: Path, reads: tuple[Path, ...] = ()) -> Lease:

@@ -137,18 +137,21 @@ def lane_settings(lane_gpus: Sequence[str | None]) -> list[str] | None:
 
 def start_off_timed(split: CpuSplit | None, preexec: Callable[[], None] | None) -> Callable[[], None] | None:
     """A ``preexec_fn`` that moves the child onto ``split.others`` (every thread it starts later
-    inherits that; where the system refuses, it runs where it would have), then runs ``preexec``."""
-    if split is None:
-        return preexec
-    others = split.others
+    inherits that; where the system refuses, it runs where it would have), then runs ``preexec``.
+    Picklable when ``preexec`` is, so a worker zygote can run it (see ``zygote``)."""
+    return preexec if split is None else _StartOffTimed(split.others, preexec)
 
-    def run() -> None:
+
+@dataclass(frozen=True)
+class _StartOffTimed:
+    others: frozenset[int]
+    then: Callable[[], None] | None
+
+    def __call__(self) -> None:
         with contextlib.suppress(OSError):
-            os.sched_setaffinity(0, others)
-        if preexec is not None:
-            preexec()
-
-    return run
+            os.sched_setaffinity(0, self.others)
+        if self.then is not None:
+            self.then()
 
 
 @contextlib.contextmanager

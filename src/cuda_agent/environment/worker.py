@@ -1,15 +1,17 @@
 """Child processes of an evaluation and the private channel the parent talks to them over.
 
-Each worker is a fresh interpreter (spawned, never forked from the parent) in its own process
-group, so the parent can always kill it and everything it started. Requests and replies are JSON
-lines over a dedicated pipe pair; the worker's stdout/stderr go to a log file and are never parsed
-for results. A worker that crashes, hangs or grows past its memory limit turns into a typed
-exception in the parent, which the evaluator maps to a verdict.
+Each worker is a fresh interpreter, never a fork of the parent (exec'd, or forked from a worker
+zygote that imported torch and nothing task-specific: see ``zygote``), in its own process group,
+so the parent can always kill it and everything it started. Requests and replies are JSON lines
+over a dedicated pipe pair; the worker's stdout/stderr go to a log file and are never parsed for
+results. A worker that crashes, hangs or grows past its memory limit turns into a typed exception
+in the parent, which the evaluator maps to a verdict.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import secrets
@@ -136,18 +138,29 @@ class WorkerProcess:
         self.request_seconds: list[tuple[str, float, float]] = []
         """``(op, sent at (time.monotonic()), seconds from sending to reply)`` of every answered
         request, in order: where an evaluation's time went (pipelined requests overlap)."""
+        # Imported here: workers load this module too (the toy worker without its package) and start none.
+        from cuda_agent.environment.zygote import zygote_for
+
+        preexec = start_off_timed(cpu_split, preexec or _no_core_dumps)
+        zygote = zygote_for(module, env)
         with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", module, "--fd-in", str(to_child_r), "--fd-out", str(from_child_w)],
-                pass_fds=(to_child_r, from_child_w),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=cwd,
-                start_new_session=True,
-                preexec_fn=start_off_timed(cpu_split, preexec or _no_core_dumps),
-            )
+            self.proc: Any = None  # a subprocess.Popen, or the zygote's ForkedProcess
+            if zygote is not None:
+                with contextlib.suppress(OSError):  # the zygote is gone: start the worker the slow way
+                    self.proc = zygote.spawn(module, env=env, cwd=cwd, log_fd=log.fileno(), fd_in=to_child_r,
+                                             fd_out=from_child_w, preexec=preexec)
+            if self.proc is None:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", module, "--fd-in", str(to_child_r), "--fd-out", str(from_child_w)],
+                    pass_fds=(to_child_r, from_child_w),
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=cwd,
+                    start_new_session=True,
+                    preexec_fn=preexec,
+                )
         os.close(to_child_r)
         os.close(from_child_w)
 
