@@ -309,7 +309,12 @@ def _become_worker(request: tuple, fd_in: int, fd_out: int, log_fd: int, started
 
 def main() -> None:
     fd = int(sys.argv[sys.argv.index("--fd") + 1])
+    # An import that asks torch.cuda.is_available() must not initialise the driver here (a forked
+    # child could then not use the GPU): with this set torch answers from NVML instead.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     for module in (*PRELOADED, *_IMPORTED_AHEAD):
         importlib.import_module(module)
+    if sys.modules["torch"].cuda.is_initialized():
+        raise SystemExit("the worker zygote's imports initialised CUDA: its workers could not use the GPU")
     _serve(socket.socket(fileno=fd))
 
