@@ -12,6 +12,7 @@
 #   bash bench/environment_gpu_validation.sh precision    # precision calibration, CUDA differential corpus (~5 min)
 #   bash bench/environment_gpu_validation.sh real-sizes   # device sharing tests, verdicts 0.25-17 GB, KernelBench's harness (~9 min)
 #   bash bench/environment_gpu_validation.sh selfcheck    # tasks check over KernelBench levels 1-3, resumable (9 min a call)
+#   bash bench/environment_gpu_validation.sh workers      # workers forked from a zygote vs exec'd: verdicts, seconds (~6 min)
 #
 # real-sizes and selfcheck need a KernelBench checkout in KB (default: ./.kb, the layout of
 # `git archive` of KernelBench's KernelBench/ and src/ folders) and, where pydantic and
@@ -28,7 +29,7 @@ export CUDA_AGENT_TEST_CACHE_DIR=$C
 OUT=${OUT:-$PWD/gpu-validation-out}
 export CUDA_AGENT_TEST_FAILURE_LOG=$OUT/failures.txt
 mkdir -p "$C" "$OUT"
-step=${1:?usage: environment_gpu_validation.sh safety-cpu|safety-cuda|builds|perf|timing|precision|real-sizes|selfcheck}
+step=${1:?usage: environment_gpu_validation.sh safety-cpu|safety-cuda|builds|perf|timing|precision|real-sizes|selfcheck|workers}
 KB=${KB:-$PWD/.kb}
 WORK=${WORK:-/tmp/cuda-agent-real-sizes}
 
@@ -43,6 +44,15 @@ run() {  # run NAME LIMIT_S COMMAND...: log to $OUT/NAME.log, keep the last line
 }
 
 case $step in
+workers)
+    nvidia-smi -L
+    # Both workers forked from a zygote must judge as exec'd ones do (the bench exits non-zero on any
+    # verdict other than correct); then the sandboxed CUDA timing tests, forked. (A dataset check,
+    # bench/dataset_check.py, runs lanes sharing a GPU the same way.)
+    run worker_start 240 python bench/worker_start.py --device cuda --runs 3 --out "$OUT/worker_start_cuda.json"
+    run zygote_gpu 150 python -m pytest -v -m gpu --timeout 140 -p no:cacheprovider \
+        tests/gpu/test_cuda_sandbox_and_timing.py
+    ;;
 safety-cpu)
     nvidia-smi -L
     # 6 pytest workers: 183 tests in ~8 min on an H200 host; 60 honest evaluations in a row (CI runs 100).
