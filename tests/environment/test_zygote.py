@@ -8,6 +8,7 @@ tested under both starts in test_worker.py.
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from cuda_agent.environment import zygote
-from cuda_agent.environment.worker import WorkerProcess, child_env
+from cuda_agent.environment.worker import WorkerDied, WorkerProcess, child_env
 
 from support import wait_until
 
@@ -66,6 +67,15 @@ def test_workers_of_one_zygote_draw_their_own_random_numbers(start_worker) -> No
     assert first["numpy_random"] is not None and first["numpy_random"] != second["numpy_random"]
 
 
+@pytest.mark.parametrize("start_worker", ["zygote"], indirect=True)
+def test_a_preexec_that_raises_ends_only_that_worker_with_its_traceback_in_the_log(start_worker) -> None:
+    failed = start_worker(preexec=functools.partial(int, "not a number"))  # raises ValueError when called
+    with pytest.raises(WorkerDied) as info:
+        failed.request({"op": "echo"}, timeout_s=60)
+    assert "ValueError" in info.value.log_tail and failed.proc.wait(timeout=30) == 1
+    assert start_worker().request({"op": "echo", "value": 1}, timeout_s=60)["value"] == 1  # the zygote serves on
+
+
 def test_one_zygote_serves_environments_that_differ_only_in_what_is_read_later(monkeypatch) -> None:
     module = zygote.PRELOADED[0]
     shared = zygote.zygote_for(module, child_env())
@@ -94,7 +104,7 @@ def test_a_zygote_killed_from_outside_ends_its_workers_and_is_replaced(tmp_path:
 _EVALUATOR = textwrap.dedent('''
     import os, sys, time
     from pathlib import Path
-    from cuda_agent.environment.worker import WorkerProcess, child_env
+    from cuda_agent.environment.worker import WorkerDied, WorkerProcess, child_env
     from cuda_agent.environment.zygote import zygote_pids
     worker = WorkerProcess("cuda_agent.environment.reference_worker", env=child_env(), cwd=Path(sys.argv[1]),
                            log_path=Path(sys.argv[1]) / "reference.log")

@@ -268,7 +268,7 @@ class Prestarter:
 
     def _run(self) -> None:
         """Start a slot per permit, at once; each warms up in a thread of its own, so slots that
-        take seconds to start come up side by side (the workers stay tied to this thread, which
+        take seconds to start come up side by side (exec'd workers stay tied to this thread, which
         started them)."""
         while True:
             self._wanted.acquire()

@@ -238,7 +238,7 @@ def _serve(control: socket.socket) -> None:
             control.send(str(exc).encode() or b"fork failed")
             os.close(status_w)
         if pid == 0:
-            _become_worker(pickle.loads(request), fd_in, fd_out, log_fd, started_w,
+            _become_worker(request, fd_in, fd_out, log_fd, started_w,
                            close=[control.fileno(), wake_r, wake_w, status_w, started_r, *children.values()])
         for fd in (fd_in, fd_out, log_fd, started_w):
             os.close(fd)
@@ -264,13 +264,13 @@ def _reap(children: dict[int, int]) -> None:
             os.close(status_w)
 
 
-def _become_worker(request: tuple, fd_in: int, fd_out: int, log_fd: int, started_w: int, close: list[int]) -> None:
+def _become_worker(request: bytes, fd_in: int, fd_out: int, log_fd: int, started_w: int, close: list[int]) -> None:
     """In the forked child: turn into the worker an exec'd interpreter would be, run it, exit.
     ``started_w`` is closed once the child leads its own process group and ran ``preexec``: as
     ``Popen`` returns only after the exec, the evaluator gets the pid only then."""
     code = 1
-    try:
-        module, env, cwd, preexec = request
+    try:  # whatever happens, this child ends in os._exit: it never returns into the zygote's loop
+        module, env, cwd, preexec = pickle.loads(request)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         for fd in close:
