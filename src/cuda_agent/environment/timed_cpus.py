@@ -144,6 +144,8 @@ def start_off_timed(split: CpuSplit | None, preexec: Callable[[], None] | None) 
 
 @dataclass(frozen=True)
 class _StartOffTimed:
+    """:func:`start_off_timed`'s ``preexec_fn``, as data (a closure could not be pickled)."""
+
     others: frozenset[int]
     then: Callable[[], None] | None
 
