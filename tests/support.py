@@ -48,6 +48,11 @@ def _live_processes() -> list[tuple[int, list[str]]]:
     return found
 
 
+BOTH_WORKER_STARTS = pytest.mark.parametrize("start_worker", ["exec", "zygote"], indirect=True)
+"""For tests of a worker's start, life and death: exec'd, and forked by a worker zygote (the
+``start_worker`` fixture of tests/environment/conftest.py)."""
+
+
 def child_pids(parent: int | None = None) -> list[int]:
     """Live children of ``parent`` (default: this process, whose worker zygotes count as the
     workers they forked: a zygote lives as long as this process, its children must not)."""

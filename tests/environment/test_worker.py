@@ -19,10 +19,7 @@ from cuda_agent.environment.worker import (
     child_env, signal_name,
 )
 
-from support import live_group_members, wait_until
-
-BOTH_STARTS = pytest.mark.parametrize("start_worker", ["exec", "zygote"], indirect=True)
-"""For the tests of a worker's life and death: exec'd, and forked by a worker zygote."""
+from support import BOTH_WORKER_STARTS, live_group_members, wait_until
 
 
 def assert_gone(worker: WorkerProcess) -> None:
@@ -31,7 +28,7 @@ def assert_gone(worker: WorkerProcess) -> None:
     assert wait_until(lambda: live_group_members(worker.proc.pid) == []), live_group_members(worker.proc.pid)
 
 
-@BOTH_STARTS
+@BOTH_WORKER_STARTS
 def test_request_returns_the_reply_and_the_worker_serves_many(start_worker) -> None:
     worker = start_worker()
     for value in (1, "two", [3]):
@@ -61,7 +58,7 @@ def test_a_failed_background_request_raises_at_the_next_receive(start_worker) ->
     assert worker.receive(timeout_s=30)["value"] == 1
 
 
-@BOTH_STARTS
+@BOTH_WORKER_STARTS
 def test_close_kills_at_once_without_waiting_for_a_graceful_exit(start_worker) -> None:
     worker = start_worker()
     worker.send({"op": "hang"})
@@ -90,7 +87,7 @@ def test_unknown_op_is_a_remote_key_error(start_worker) -> None:
     worker.close()
 
 
-@BOTH_STARTS
+@BOTH_WORKER_STARTS
 @pytest.mark.parametrize(
     ("op", "extra", "description"),
     [
@@ -107,7 +104,7 @@ def test_crash_is_worker_died_naming_the_signal(start_worker, op, extra, descrip
     assert_gone(worker)
 
 
-@BOTH_STARTS
+@BOTH_WORKER_STARTS
 def test_request_to_a_worker_that_died_between_requests_is_worker_died(start_worker) -> None:
     worker = start_worker()
     worker.request({"op": "echo"}, timeout_s=30)
@@ -128,7 +125,7 @@ def test_hang_is_worker_timeout_after_the_limit(start_worker) -> None:
     assert_gone(worker)
 
 
-@BOTH_STARTS
+@BOTH_WORKER_STARTS
 def test_timeout_kills_grandchildren_in_the_process_group(start_worker, tmp_path: Path) -> None:
     worker = start_worker()
     pid_file = tmp_path / "grandchild.pid"
@@ -193,7 +190,7 @@ def test_reply_that_is_not_json_is_a_protocol_error(start_worker) -> None:
     assert_gone(worker)
 
 
-@BOTH_STARTS
+@BOTH_WORKER_STARTS
 def test_worker_error_carries_the_log_tail(start_worker) -> None:
     worker = start_worker()
     worker.request({"op": "print_to_log", "text": "marker-4711 before the crash"}, timeout_s=30)
@@ -202,7 +199,7 @@ def test_worker_error_carries_the_log_tail(start_worker) -> None:
     assert "marker-4711 before the crash" in info.value.log_tail
 
 
-@BOTH_STARTS
+@BOTH_WORKER_STARTS
 def test_kill_and_close_are_idempotent(start_worker) -> None:
     worker = start_worker()
     worker.kill()

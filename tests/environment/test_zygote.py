@@ -21,9 +21,7 @@ import pytest
 from cuda_agent.environment import zygote
 from cuda_agent.environment.worker import WorkerDied, WorkerProcess, child_env
 
-from support import wait_until
-
-BOTH_STARTS = pytest.mark.parametrize("start_worker", ["exec", "zygote"], indirect=True)
+from support import BOTH_WORKER_STARTS, wait_until
 
 
 def _children(pid: int) -> list[int]:
@@ -39,7 +37,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@BOTH_STARTS
+@BOTH_WORKER_STARTS
 def test_a_worker_starts_with_its_environment_directory_session_log_and_only_its_own_pipes(
         start_worker, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     worker = start_worker()

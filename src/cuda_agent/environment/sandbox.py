@@ -124,7 +124,7 @@ class _Entry:
         os.setgroups([])
         os.setgid(self.uid)
         os.setuid(self.uid)
-        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 1)  # as exec as this uid leaves it: its /proc/self is its own
+        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 1)  # as exec'ing as this uid would: /proc/self is its own
         die_with_parent()
 
 
