@@ -113,7 +113,7 @@ selfcheck)
         --out "$OUT/real_sizes_selfcheck.json"
     ;;
 *)
-    echo "unknown step $step (safety-cpu, safety-cuda, builds, perf, timing, precision, real-sizes or selfcheck)" >&2
+    echo "unknown step $step (safety-cpu, safety-cuda, builds, perf, timing, precision, real-sizes, selfcheck or workers)" >&2
     exit 2
     ;;
 esac

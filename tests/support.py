@@ -146,15 +146,18 @@ def command_line(pid: int) -> str:
         return ""
 
 
+def proc_text(pid: int, name: str) -> str:
+    """``/proc/<pid>/<name>`` (e.g. ``comm``, ``wchan``), stripped; empty once the process is gone."""
+    try:
+        return (Path("/proc") / str(pid) / name).read_text().strip()
+    except OSError:
+        return ""
+
+
 def runs_module(pid: int, module: str) -> bool:
     """Whether ``pid`` runs ``module``: exec'd (``python -m module``), or a worker a zygote forked,
     which shows the zygote's command line under a name of its own (``zygote.process_name``)."""
-    if module in command_line(pid):
-        return True
-    try:
-        return (Path("/proc") / str(pid) / "comm").read_text().strip() == process_name(module)
-    except OSError:
-        return False
+    return module in command_line(pid) or proc_text(pid, "comm") == process_name(module)
 
 
 def wait_until(predicate, timeout_s: float = 5.0, interval_s: float = 0.05) -> bool:

@@ -17,7 +17,7 @@ from cuda_agent.environment import Status, Task, evaluate, load_task
 from cuda_agent.environment.build import BUILD_FAILED_FILE, BUILD_OK_FILE, INFRA_RETRIES, build_location, toolchain_dir
 from cuda_agent.environment.build_sandbox import prepare_toolchain
 
-from support import EXAMPLES, SMALL_RELU_TASK, descendants, runs_module
+from support import EXAMPLES, SMALL_RELU_TASK, descendants, proc_text, runs_module
 
 
 class Killer:
@@ -42,7 +42,7 @@ class Killer:
 
     def _matches(self, pid: int) -> bool:
         if self.comm is not None:
-            return _proc_text(pid, "comm") == self.comm
+            return proc_text(pid, "comm") == self.comm
         return runs_module(pid, self.fragment)
 
     def _run(self) -> None:
@@ -55,13 +55,6 @@ class Killer:
                         self.killed += 1
                     except ProcessLookupError:
                         pass
-
-
-def _proc_text(pid: int, name: str) -> str:
-    try:
-        return (Path("/proc") / str(pid) / name).read_text().strip()
-    except OSError:
-        return ""
 
 
 def unique_cpu_relu(tmp_path: Path) -> Path:
@@ -107,7 +100,7 @@ def test_a_reference_worker_killed_from_outside_is_an_infra_error(make_config) -
     slow = SMALL_RELU_TASK.read_text().replace("import torch\n", "import time\nimport torch\n", 1)
     slow = slow.replace("def get_inputs():", "def get_inputs():\n    time.sleep(3)", 1)
     task = Task(id="slow_reference", code=slow, origin="test")
-    asleep = lambda pid: _proc_text(pid, "wchan") == "hrtimer_nanosleep"  # in get_inputs' sleep
+    asleep = lambda pid: proc_text(pid, "wchan") == "hrtimer_nanosleep"  # in get_inputs' sleep
     with Killer("cuda_agent.environment.reference_worker", ready=asleep, limit=1):
         verdict = evaluate(task, EXAMPLES / "solutions" / "cpu" / "relu.py", make_config())
     assert verdict.status is Status.INFRA_ERROR and verdict.reward == 0, verdict.error

@@ -35,7 +35,7 @@ from cuda_agent.environment.slots import default_scratch_root
 from cuda_agent.serve.client import EvalServiceError, job_request
 
 from service_process import GUARDED, TASK, TOKEN, Server, kernel_files, start_server
-from support import command_line, descendants, is_live, runs_module, wait_until
+from support import command_line, descendants, is_live, proc_text, runs_module, wait_until
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -86,7 +86,7 @@ class Faults:
             targets = {name: [pid for pid in descendants(server.proc.pid) if runs_module(pid, module)]
                        for name, module in WORKER_TARGETS.items()}
             targets["compiler"] = [pid for pid in descendants(server.proc.pid)
-                                   if Path(f"/proc/{pid}/comm").exists() and _comm(pid) == "cc1plus"]
+                                   if proc_text(pid, "comm") == "cc1plus"]
             choices = [(name, pids) for name, pids in targets.items() if pids]
             if choices:
                 name, pids = self._rng.choice(choices)
@@ -95,13 +95,6 @@ class Faults:
                     self.kills[name] += 1
                 except ProcessLookupError:
                     pass
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 def _cold_files() -> dict[str, str]:
