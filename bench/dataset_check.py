@@ -11,6 +11,8 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
     python bench/dataset_check.py run --data data/ops-6k-h200 --minutes 8.5 --out $OUT
     # here, with the rows it returned
     python bench/dataset_check.py merge --data data/ops-6k-h200 checks_*.jsonl
+    # a second call before the first's rows are merged: the same seed from the other end
+    python bench/dataset_check.py run --data data/ops-6k-h200 --minutes 8.5 --reverse --out $OUT
     # a check made under conditions since fixed: judged again by a later run (--first: before the rest)
     python bench/dataset_check.py forget --data data/ops-6k-h200 ecfc34a1085db432
     python bench/dataset_check.py run --data data/ops-6k-h200 --first ecfc34a1085db432 --out $OUT
@@ -144,8 +146,9 @@ def main() -> None:
     check.add_argument("--gpus", default=None, help="GPUs to use, e.g. 0,1 (default: all visible)")
     check.add_argument("--seed", type=int, default=0, help="the order the unchecked tasks are taken in")
     check.add_argument("--reverse", action="store_true",
-                       help="take the tasks from the end of --seed's order: a second run on other GPUs of the host "
-                            "(e.g. one the GPU tests used first) judges other tasks than one going forward")
+                       help="take the tasks from the end of --seed's order: a second run (on other GPUs of the host, or "
+                            "a later call before the first's rows are merged) judges other tasks than one going "
+                            "forward")
     check.add_argument("--first", nargs="+", default=[], metavar="TASK",
                        help="unchecked tasks to judge before the rest, in this order (e.g. those forgotten after a "
                             "fix, to see it hold)")
