@@ -131,27 +131,23 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def is_live(pid: int) -> bool:
+def proc_text(pid: int, name: str) -> str:
+    """``/proc/<pid>/<name>`` (e.g. ``comm``, ``wchan``), stripped; empty once the process is gone."""
     try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        return (Path("/proc") / str(pid) / name).read_bytes().decode(errors="replace").strip()
     except OSError:
-        return False
+        return ""
+
+
+def is_live(pid: int) -> bool:
+    """Whether ``pid`` exists and is not a zombie."""
+    stat = proc_text(pid, "stat")
+    return bool(stat) and stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def command_line(pid: int) -> str:
     """The process's arguments joined by spaces ("" once it is gone)."""
-    try:
-        return (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def proc_text(pid: int, name: str) -> str:
-    """``/proc/<pid>/<name>`` (e.g. ``comm``, ``wchan``), stripped; empty once the process is gone."""
-    try:
-        return (Path("/proc") / str(pid) / name).read_text().strip()
-    except OSError:
-        return ""
+    return proc_text(pid, "cmdline").replace("\0", " ")
 
 
 def runs_module(pid: int, module: str) -> bool:

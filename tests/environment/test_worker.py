@@ -19,7 +19,7 @@ from cuda_agent.environment.worker import (
     child_env, signal_name,
 )
 
-from support import BOTH_WORKER_STARTS, live_group_members, wait_until
+from support import BOTH_WORKER_STARTS, is_live, live_group_members, wait_until
 
 
 def assert_gone(worker: WorkerProcess) -> None:
@@ -133,15 +133,7 @@ def test_timeout_kills_grandchildren_in_the_process_group(start_worker, tmp_path
         worker.request({"op": "spawn_child_then_hang", "pid_file": str(pid_file)}, timeout_s=3.0)
     grandchild = int(pid_file.read_text())
     assert_gone(worker)
-    assert wait_until(lambda: not _alive(grandchild)), f"grandchild {grandchild} survived"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    assert wait_until(lambda: not is_live(grandchild)), f"grandchild {grandchild} survived"
 
 
 def test_memory_blow_up_is_worker_memory_exceeded(start_worker) -> None:

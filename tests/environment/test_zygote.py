@@ -21,20 +21,12 @@ import pytest
 from cuda_agent.environment import zygote
 from cuda_agent.environment.worker import WorkerDied, WorkerProcess, child_env
 
-from support import BOTH_WORKER_STARTS, wait_until
+from support import BOTH_WORKER_STARTS, is_live, wait_until
 
 
 def _children(pid: int) -> list[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as children:
         return [int(child) for child in children.read().split()]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 @BOTH_WORKER_STARTS
@@ -93,7 +85,7 @@ def test_a_zygote_killed_from_outside_ends_its_workers_and_is_replaced(tmp_path:
     first.proc.kill()
     first.proc.wait()
     assert worker.proc.wait(timeout=30) == -signal.SIGKILL
-    assert wait_until(lambda: not _alive(worker.proc.pid), timeout_s=30)
+    assert wait_until(lambda: not is_live(worker.proc.pid), timeout_s=30)
     worker.kill()
     second = zygote.zygote_for(module, child_env())
     assert second is not None and second is not first and second.proc.poll() is None
@@ -116,10 +108,10 @@ def test_a_killed_evaluator_leaves_neither_its_zygote_nor_its_workers(tmp_path: 
                                  env=child_env(), text=True)
     try:
         worker_pid, zygote_pid = map(int, evaluator.stdout.readline().split())
-        assert _alive(worker_pid) and _alive(zygote_pid)
+        assert is_live(worker_pid) and is_live(zygote_pid)
         evaluator.send_signal(signal.SIGKILL)
         evaluator.wait()
-        assert wait_until(lambda: not _alive(worker_pid) and not _alive(zygote_pid), timeout_s=30)
+        assert wait_until(lambda: not is_live(worker_pid) and not is_live(zygote_pid), timeout_s=30)
     finally:
         evaluator.kill()
         evaluator.wait()
