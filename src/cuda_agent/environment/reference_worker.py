@@ -343,7 +343,7 @@ class ReferenceWorker:
             fp64 = None
             if self.model64 is not None and self.fp64_error is None:
                 try:
-                    fp64 = self._float64_reference(fresh)
+                    fp64 = self._float64_reference(self.model64, fresh)
                 except NotReproducible:
                     raise
                 except Exception as exc:  # noqa: BLE001 - an op without a float64 kernel, or no room for it
@@ -360,14 +360,14 @@ class ReferenceWorker:
                     ref_tf32 = _contiguous(self.model(*fresh()))
         return References(fp32, fp64, ref_tf32)
 
-    def _float64_reference(self, fresh: Callable[[], list]) -> Any:
+    def _float64_reference(self, model64: torch.nn.Module, fresh: Callable[[], list]) -> Any:
         """The float64 model on float64 copies of fresh inputs. The float32 draw they were made
         from goes back to the device before the pass, and the float64 inputs after it: left in
         torch's cache, neither block can hold the next, larger or differently split, allocation
         (a 6.4 GB ReLU's reference peaked at 35 GB on an H200; its float64 pass needs ~26)."""
         inputs = _to_double(fresh())
         _give_back_cached_memory(self.device)
-        output = _contiguous(self.model64(*inputs))
+        output = _contiguous(model64(*inputs))
         del inputs
         _give_back_cached_memory(self.device)
         return output
@@ -484,6 +484,27 @@ class ReferenceWorker:
         flags = degeneracy_flags(self.model, self.module.get_inputs, self.device, int(msg["seeds"]), float(msg["atol"]))
         return {"flags": sorted(flags), "details": [flags[f] for f in sorted(flags)]}
 
+    def rounding_shape(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Whether the outputs' shapes depend on rounding (float64 against float32 with TF32 off, on
+        inputs from ``seed``): a verdict refuses such a task (``UnjudgeableReference``), so the
+        synthesis filter drops it. A model without a float64 pass (an op with no float64 kernel, no
+        room for it) says nothing here, as the verdict then falls back to float32 alone."""
+        def fresh() -> list:  # each pass its own copy: a forward pass may write into its inputs
+            return self._draw_inputs(int(msg["seed"]))
+
+        with torch.no_grad():
+            try:
+                model64 = self.model64 if self.model64 is not None else copy.deepcopy(self.model).double()
+                exact = self._float64_reference(model64, fresh)
+            except Exception:  # noqa: BLE001 - the verdict's precision fallback
+                return {"problem": None}
+            finally:
+                model64 = None  # a copy made here goes before the float32 pass
+                _give_back_cached_memory(self.device)
+            with tf32_enabled(False):
+                single = self.model(*fresh())
+        return {"problem": rounding_dependent_shape(exact, single)}
+
     def probe(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Import a task file and check its KernelBench names (for ``cuda-agent tasks list``)."""
         module = import_file(Path(msg["task_file"]), f"probe_{msg.get('index', 0)}")
@@ -575,7 +596,8 @@ def main() -> None:
            "make_trial": worker.make_trial, "check": worker.check, "timing_inputs": worker.timing_inputs,
            "audit": worker.audit, "finish_timing": worker.finish_timing, "stats": worker.stats,
            "baselines": worker.baselines, "compile": worker.compile, "footprint": worker.footprint,
-           "probe": worker.probe, "degeneracy": worker.degeneracy})
+           "probe": worker.probe, "degeneracy": worker.degeneracy,
+           "rounding_shape": worker.rounding_shape})
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@ Each rule is a named reason, so a run can report its funnel. In order (cheapest 
 ``input-independent``   different input seeds, or re-drawing one input, leave the outputs unchanged
 ``writes-input``        the forward pass writes into an input (a candidate may not: the verdict's
                         guard flags it, so the task's own reference could not pass its self-check)
+``rounding-shape``      an output's shape differs between float64 and float32 (``unique`` or
+                        ``nonzero`` of floats): the verdict cannot judge any candidate against it
 ``too-fast`` / ``too-slow``  eager time outside ``window_ms`` (paper: 1-100 ms on the target GPU)
 ``compile-error``       ``torch.compile(Model)`` fails to build or run
 ``timeout`` / ``worker-died``  the task hung or killed its worker
@@ -42,7 +44,8 @@ from cuda_agent.synth.devices import LaneDevice
 from cuda_agent.synth.records import TaskRecord
 
 REASONS = ("import-error", "eager-error", "too-much-memory", "degenerate-output", "nondeterministic",
-           "input-independent", "writes-input", "too-fast", "too-slow", "compile-error", "timeout", "worker-died")
+           "input-independent", "writes-input", "rounding-shape", "too-fast", "too-slow", "compile-error", "timeout",
+           "worker-died")
 """Every reason a task can be rejected for, in the order the rules run."""
 
 _DEGENERACY_REASONS = {
@@ -188,8 +191,12 @@ class TaskFilter:
                                 f"one forward pass needs {memory:.0f} MB > {config.memory_bound_mb:g} MB")
             flags = self._ask("eager-error", {"op": "degeneracy", "seeds": config.degenerate_seeds,
                                               "atol": config.degenerate_atol})
-        found = {_DEGENERACY_REASONS.get(flag, "degenerate-output"): detail
-                 for flag, detail in zip(flags["flags"], flags["details"])}
+            found = {_DEGENERACY_REASONS.get(flag, "degenerate-output"): detail
+                     for flag, detail in zip(flags["flags"], flags["details"])}
+            if not found:  # the float64 pass only for a task every cheaper rule let through
+                problem = self._ask("eager-error", {"op": "rounding_shape", "seed": 42})["problem"]
+                if problem:
+                    found["rounding-shape"] = problem
         for reason in REASONS:  # the first rule in order: a tiny output also looks input-independent
             if reason in found:
                 raise _Rejected(reason, found[reason])
