@@ -105,7 +105,8 @@ def test_restart_after_a_kill_runs_every_accepted_job_and_reruns_none(tmp_path: 
                                             job_request(TASK, solution_code=GUARDED)])
     finally:
         first.kill()
-    assert queued_ids(state) == set(accepted)
+    unanswered = queued_ids(state)  # one worker on a loaded host may answer the first job before the kill lands
+    assert unanswered and unanswered <= set(accepted), "the kill left no accepted job unanswered: nothing to resume"
     second = start_server(tmp_path, session_cache_dir)
     try:
         with second.client() as client:
@@ -114,7 +115,7 @@ def test_restart_after_a_kill_runs_every_accepted_job_and_reruns_none(tmp_path: 
     finally:
         second.stop()
     assert [a.verdict["status"] for a in answers] == ["correct", "guard_violation"]
-    assert "startup: resumed 2 unanswered jobs" in second.log.read_text()
+    assert f"startup: resumed {len(unanswered)} unanswered jobs" in second.log.read_text()
     assert again.result == finished.result, "a job answered before the restart was evaluated again"
     assert queued_ids(state) == set()
 
