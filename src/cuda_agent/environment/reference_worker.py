@@ -162,13 +162,17 @@ class ReferenceWorker:
         self.model = self.module.Model(*init_inputs).to(self.device)
         self.compiled, self.compiled_settings = None, set()
         if self.policy.needs_float64:
-            try:
-                self.model64 = copy.deepcopy(self.model).double()
-            except Exception as exc:  # noqa: BLE001 - reported as a precision fallback
-                self.fp64_error = f"{type(exc).__name__}: {exc}"
+            self._make_model64()
         if self.key is None or self.key.device.type != torch.device(self.device).type:
             self.key = FingerprintKey(self.device)
         return {"environment": self._environment(), "size": size.to_json_dict(), "memory": _memory_room(self.device)}
+
+    def _make_model64(self) -> None:
+        """The model's float64 copy, or why there is none (reported as a precision fallback)."""
+        try:
+            self.model64 = copy.deepcopy(self.model).double()
+        except Exception as exc:  # noqa: BLE001 - reported as a precision fallback
+            self.fp64_error = f"{type(exc).__name__}: {exc}"
 
     def _release_task(self) -> None:
         """Drop the previous task's model, trials and shares, and give its cached GPU memory back,
@@ -343,7 +347,7 @@ class ReferenceWorker:
             fp64 = None
             if self.model64 is not None and self.fp64_error is None:
                 try:
-                    fp64 = self._float64_reference(self.model64, fresh)
+                    fp64 = self._float64_reference(fresh)
                 except NotReproducible:
                     raise
                 except Exception as exc:  # noqa: BLE001 - an op without a float64 kernel, or no room for it
@@ -360,14 +364,14 @@ class ReferenceWorker:
                     ref_tf32 = _contiguous(self.model(*fresh()))
         return References(fp32, fp64, ref_tf32)
 
-    def _float64_reference(self, model64: torch.nn.Module, fresh: Callable[[], list]) -> Any:
+    def _float64_reference(self, fresh: Callable[[], list]) -> Any:
         """The float64 model on float64 copies of fresh inputs. The float32 draw they were made
         from goes back to the device before the pass, and the float64 inputs after it: left in
         torch's cache, neither block can hold the next, larger or differently split, allocation
         (a 6.4 GB ReLU's reference peaked at 35 GB on an H200; its float64 pass needs ~26)."""
         inputs = _to_double(fresh())
         _give_back_cached_memory(self.device)
-        output = _contiguous(model64(*inputs))
+        output = _contiguous(self.model64(*inputs))
         del inputs
         _give_back_cached_memory(self.device)
         return output
@@ -485,25 +489,18 @@ class ReferenceWorker:
         return {"flags": sorted(flags), "details": [flags[f] for f in sorted(flags)]}
 
     def rounding_shape(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Whether the outputs' shapes depend on rounding (float64 against float32 with TF32 off, on
-        inputs from ``seed``): a verdict refuses such a task (``UnjudgeableReference``), so the
-        synthesis filter drops it. A model without a float64 pass (an op with no float64 kernel, no
-        room for it) says nothing here, as the verdict then falls back to float32 alone."""
-        def fresh() -> list:  # each pass its own copy: a forward pass may write into its inputs
-            return self._draw_inputs(int(msg["seed"]))
-
-        with torch.no_grad():
-            try:
-                model64 = self.model64 if self.model64 is not None else copy.deepcopy(self.model).double()
-                exact = self._float64_reference(model64, fresh)
-            except Exception:  # noqa: BLE001 - the verdict's precision fallback
-                return {"problem": None}
-            finally:
-                model64 = None  # a copy made here goes before the float32 pass
-                _give_back_cached_memory(self.device)
-            with tf32_enabled(False):
-                single = self.model(*fresh())
-        return {"problem": rounding_dependent_shape(exact, single)}
+        """Whether the outputs' shapes depend on rounding, by the verdict's own reference passes
+        (float64, then float32 with TF32 off, on inputs from ``seed``) whatever the loaded policy:
+        a verdict refuses such a task (``UnjudgeableReference``), so the synthesis filter drops it.
+        A model without a float64 pass (an op with no float64 kernel, no room for it) passes, as
+        the verdict then falls back to float32 alone."""
+        if self.model64 is None and self.fp64_error is None:
+            self._make_model64()
+        try:
+            self._references(lambda: self._draw_inputs(int(msg["seed"])))
+        except UnjudgeableReference as exc:
+            return {"problem": str(exc)}
+        return {"problem": None}
 
     def probe(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Import a task file and check its KernelBench names (for ``cuda-agent tasks list``)."""
