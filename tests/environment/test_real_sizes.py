@@ -1,6 +1,7 @@
 """Verdicts at real sizes on the CPU backend: a GiB-sized problem is judged within a memory bound
-per worker, the harness's own copies and files are never charged to the candidate, and a problem
-too large for the machine is a ``task_error`` naming its bytes before anything of its size exists."""
+per worker, the harness's own copies and files are never charged to the candidate, a problem
+too large for the machine is a ``task_error`` naming its bytes before anything of its size exists,
+and outputs the meta device cannot measure are measured by one real forward pass."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+import torch
+
 from cuda_agent.environment import EvalConfig, LimitsConfig, Status, TimingConfig, VerifyConfig, evaluate, load_task
+from cuda_agent.environment.problem_size import measure_size
 from cuda_agent.evaluate.runner import selfcheck_config
 
 from support import EXAMPLES
@@ -116,3 +120,62 @@ def test_a_problem_larger_than_the_machine_is_a_task_error_naming_its_bytes_befo
     assert "does not fit this machine" in verdict.error and "4.4e+03 GB" in verdict.error, verdict.error
     assert verdict.problem_bytes["input_bytes"] == 4 * 2**40
     assert not {"baselines", "load", "verify"} & set(verdict.phase_seconds) and not verdict.trials
+
+
+_COV_TASK = '''import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """torch.cov has no meta kernel; its output (rows x rows) dwarfs its input (rows x 8)."""
+
+    def forward(self, x):
+        return torch.cov(torch.relu(x))
+
+
+def get_inputs():
+    return [torch.rand(2048, 8)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_outputs_the_meta_device_cannot_run_are_measured_by_one_real_forward_pass_when_given_one() -> None:
+    """Unknown outputs are planned as large as the inputs: 64 kB here against 16 MB really (on
+    the GPU a 4 MB problem with a 1 GiB ``cov`` output ran its lane out of memory that way)."""
+    inputs = lambda: [torch.rand(2048, 8)]  # noqa: E731
+    model = lambda: torch.nn.Sequential(torch.nn.ReLU())  # noqa: E731
+    seen = []
+
+    class Cov(torch.nn.Module):
+        def forward(self, x):
+            return torch.cov(x)
+
+    def forward(input_bytes: int):
+        seen.append(input_bytes)
+        return Cov()(*inputs())
+
+    assert measure_size(inputs, model).output_bytes == 2048 * 8 * 4  # the meta device runs a ReLU
+    measured = measure_size(inputs, Cov, forward=forward)
+    assert measured.output_bytes == 2048 * 2048 * 4 and seen == [2048 * 8 * 4]
+    assert measured.note.startswith("outputs measured by one forward pass on the device"), measured.note
+    unknown = measure_size(inputs, Cov)
+    assert unknown.output_bytes is None and "does not run on the meta device" in unknown.note
+    declined = measure_size(inputs, Cov, forward=lambda input_bytes: None)
+    assert declined.output_bytes is None and "no room" in declined.note, declined.note
+    failed = measure_size(inputs, Cov, forward=lambda input_bytes: 1 / 0)
+    assert failed.output_bytes is None and "nor for real (ZeroDivisionError)" in failed.note, failed.note
+
+
+def test_a_verdict_plans_with_the_outputs_of_a_problem_the_meta_device_cannot_run(
+        tmp_path: Path, run_evaluation, make_config) -> None:
+    task = tmp_path / "cov.py"
+    task.write_text(_COV_TASK)
+    solution = tmp_path / "cov_selfcheck.py"
+    solution.write_text(_COV_TASK + "\n\nclass ModelNew(Model):\n    pass\n")
+    verdict = run_evaluation(task, solution, selfcheck_config(make_config()))
+    assert verdict.status is Status.CORRECT, verdict.error
+    assert verdict.problem_bytes["output_bytes"] == 2048 * 2048 * 4, verdict.problem_bytes
+    assert any(n.startswith("size: outputs measured by one forward pass") for n in verdict.notes), verdict.notes

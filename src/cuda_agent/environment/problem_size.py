@@ -54,12 +54,17 @@ class MemoryPlan:
 
 
 def measure_size(get_inputs: Callable[[], Any], make_model: Callable[[], Any],
-                 draw: Callable[[], list] | None = None) -> ProblemSize:
+                 draw: Callable[[], list] | None = None,
+                 forward: Callable[[int], Any] | None = None) -> ProblemSize:
     """The sizes from ``get_inputs()`` and a forward pass on the meta device (inside the trusted
-    reference worker: task code). A forward pass the meta device cannot run (data-dependent
-    shapes, ``.item()``, explicit CPU tensors) leaves ``output_bytes`` unknown, with a note; a
-    ``get_inputs()`` it cannot run is measured from ``draw()`` (real inputs, freed at once) when
-    given, with a note, else its error propagates."""
+    reference worker: task code). A forward pass the meta device cannot run (an op without a meta
+    kernel such as ``torch.cov``, data-dependent shapes, ``.item()``, explicit CPU tensors) is run
+    for real by ``forward(input_bytes)`` when given (its outputs are measured, then dropped; it
+    returns None where the inputs leave no room for it), else ``output_bytes`` stays unknown, with
+    a note. Unknown outputs are planned as large as the inputs: a 4 MB problem whose ``cov`` output
+    is 1 GiB had all its trials made at once and ran a 16 GB lane out of memory. A ``get_inputs()``
+    the meta device cannot run is measured from ``draw()`` (real inputs, freed at once) when given,
+    with a note, else its error propagates."""
     import torch
 
     from cuda_agent.environment.loading import tensors_in
@@ -85,9 +90,29 @@ def measure_size(get_inputs: Callable[[], Any], make_model: Callable[[], Any],
             outputs = model(*inputs)
         output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(outputs) if isinstance(t, torch.Tensor))
     except Exception as exc:  # noqa: BLE001 - any failure only makes the estimate coarser
-        note = f"outputs not measured: the forward pass does not run on the meta device ({type(exc).__name__})"
+        why = f"the forward pass does not run on the meta device ({type(exc).__name__})"
+        output_bytes, unmeasured = _outputs_for_real(forward, sum(sizes))
+        note = (f"outputs measured by one forward pass on the device: {why}" if output_bytes is not None
+                else f"outputs not measured: {why}{unmeasured}")
     notes = "; ".join(n for n in (drawn_note, note) if n) or None
     return ProblemSize(sum(sizes), max(sizes, default=0), float_bytes, output_bytes, parameter_bytes, notes)
+
+
+def _outputs_for_real(forward: Callable[[int], Any] | None, input_bytes: int) -> tuple[int | None, str]:
+    """The bytes of ``forward(input_bytes)``'s outputs, or None and why (for the note)."""
+    if forward is None:
+        return None, ""
+    import torch
+
+    from cuda_agent.environment.loading import tensors_in
+
+    try:
+        outputs = forward(input_bytes)
+    except Exception as exc:  # noqa: BLE001 - the verdict's own passes report a forward pass that fails
+        return None, f", nor for real ({type(exc).__name__})"
+    if outputs is None:
+        return None, ", and the inputs leave no room to run it for real"
+    return sum(t.numel() * t.element_size() for t in tensors_in(outputs) if isinstance(t, torch.Tensor)), ""
 
 
 def memory_plan(size: ProblemSize, trials: int, needs_float64: bool, needs_tf32: bool, audits: int) -> MemoryPlan:

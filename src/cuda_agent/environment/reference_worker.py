@@ -140,8 +140,9 @@ class ReferenceWorker:
         return {"seconds": time.perf_counter() - started}
 
     def load(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Import the task, measure its size on the meta device (before anything of its size is
-        allocated), and build its model on the device."""
+        """Import the task, build its model on the device, and measure its size on the meta
+        device (nothing of the inputs' size is allocated; one real forward pass only where the
+        meta device cannot run it)."""
         if msg.get("address_space_mb"):
             cap_address_space(msg["address_space_mb"])
         self.device = msg["device"]
@@ -156,16 +157,28 @@ class ReferenceWorker:
             raise AttributeError(f"task module does not define {', '.join(missing)} after import")
         seed_all(msg["init_seed"])
         init_inputs = self.module.get_init_inputs()
-        size = measure_size(self.module.get_inputs, lambda: self.module.Model(*init_inputs),
-                            lambda: self._draw_inputs(msg["init_seed"]))
         seed_all(msg["init_seed"])
         self.model = self.module.Model(*init_inputs).to(self.device)
+        size = measure_size(self.module.get_inputs, lambda: self.module.Model(*init_inputs),
+                            lambda: self._draw_inputs(msg["init_seed"]),
+                            lambda input_bytes: self._forward_once(msg["init_seed"], input_bytes))
+        _give_back_cached_memory(self.device)
         self.compiled, self.compiled_settings = None, set()
         if self.policy.needs_float64:
             self._make_model64()
         if self.key is None or self.key.device.type != torch.device(self.device).type:
             self.key = FingerprintKey(self.device)
         return {"environment": self._environment(), "size": size.to_json_dict(), "memory": _memory_room(self.device)}
+
+    def _forward_once(self, seed: int, input_bytes: int) -> Any:
+        """One eager forward pass on inputs drawn from ``seed``, for the sizes of outputs the
+        meta device cannot measure; None where twice the inputs exceed the free memory (a
+        problem too large for the machine is refused by the memory plan, not by a failed
+        allocation here)."""
+        if 2 * input_bytes > _free_bytes(self.device):
+            return None
+        with torch.no_grad():
+            return self.model(*self._draw_inputs(seed))
 
     def _make_model64(self) -> None:
         """The model's float64 copy, or why there is none (reported as a precision fallback)."""
@@ -563,6 +576,13 @@ def _give_back_cached_memory(device: str) -> None:
     reserved here."""
     if device == "cuda":
         torch.cuda.empty_cache()
+
+
+def _free_bytes(device: str) -> int:
+    """Free memory of the device (of the host for the CPU backend)."""
+    if device == "cuda":
+        return int(torch.cuda.mem_get_info()[0])
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _memory_room(device: str) -> dict[str, int]:
