@@ -16,6 +16,8 @@ what it stored), and writes its rows as JSON lines; ``merge`` adds them to the d
     # a check made under conditions since fixed: judged again by a later run (--first: before the rest)
     python bench/dataset_check.py forget --data data/ops-6k-h200 ecfc34a1085db432
     python bench/dataset_check.py run --data data/ops-6k-h200 --first ecfc34a1085db432 --out $OUT
+    # a set that must be checked on one GPU model: once the unchecked are done, the rest on it
+    python bench/dataset_check.py run --data data/ops-6k-h200 --on H100 --out $OUT
 
 ``run`` writes ``checks_<time>.jsonl`` (one row per task it judged: status, error, the four baseline
 medians, sizes, verdict seconds, GPU) and ``dataset_check_<time>.json`` (the tasks-check summary:
@@ -50,20 +52,20 @@ from cuda_agent.synth import checks
 
 
 def write_slice(data: Path, seed: int, folder: Path, reverse: bool = False,
-                first: Sequence[str] = ()) -> tuple[Path, int]:
-    """The set's tasks without a check, in ``seed``'s order (from its end with ``reverse``) after
-    those of ``first`` (e.g. tasks forgotten after a fix, to see it hold), as a Parquet of the set's
-    own columns; and how many there are."""
+                first: Sequence[str] = (), on: str | None = None) -> tuple[Path, int]:
+    """The set's tasks without a check, then with ``on`` those checked on other GPU models, in
+    ``seed``'s order (from its end with ``reverse``) after those of ``first`` (e.g. tasks forgotten
+    after a fix, to see it hold), as a Parquet of the set's own columns; and how many there are."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     table = pq.read_table(data / "tasks.parquet")
-    left = checks.to_check(table.column("id").to_pylist(), checks.read(data / checks.CHECKS), seed)
+    left = checks.to_check(table.column("id").to_pylist(), checks.read(data / checks.CHECKS), seed, on)
     if reverse:
         left.reverse()
     stray = sorted(set(first) - set(left))
     if stray:
-        raise SystemExit(f"--first: {', '.join(stray)} not among the {len(left)} tasks of {data} without a check")
+        raise SystemExit(f"--first: {', '.join(stray)} not among the {len(left)} tasks of {data} left to check")
     ahead = dict.fromkeys(first)
     left = [*ahead, *(task for task in left if task not in ahead)]
     position = {task: index for index, task in enumerate(table.column("id").to_pylist())}
@@ -77,8 +79,9 @@ def run(args: argparse.Namespace) -> None:
     budget = Budget(args.minutes * 60)
     stamp = int(time.time())
     work = args.work / str(stamp)
-    tasks, left = write_slice(args.data, args.seed, work / "slice", args.reverse, args.first)
-    print(f"{left} tasks of {args.data} without a check; checking for {args.minutes:g} minutes", flush=True)
+    tasks, left = write_slice(args.data, args.seed, work / "slice", args.reverse, args.first, args.on)
+    scope = "without a check" + (f" or checked on a GPU other than {args.on!r}" if args.on else "")
+    print(f"{left} tasks of {args.data} {scope}; checking for {args.minutes:g} minutes", flush=True)
     if not left:
         return
     run_dir = work / "check"
@@ -152,6 +155,9 @@ def main() -> None:
     check.add_argument("--first", nargs="+", default=[], metavar="TASK",
                        help="unchecked tasks to judge before the rest, in this order (e.g. those forgotten after a "
                             "fix, to see it hold)")
+    check.add_argument("--on", default=None, metavar="GPU",
+                       help="part of a GPU model's name (e.g. H100): after the unchecked tasks, check again those "
+                            "whose check ran on another model (merge then replaces their rows)")
     check.add_argument("--work", type=Path, default=Path("/tmp/dataset-check"))
     check.add_argument("--out", type=Path, required=True, help="where the rows and the summary are written")
     gather = steps.add_parser("merge", help="add a run's rows to the data folder's checks.parquet")

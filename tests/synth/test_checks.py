@@ -19,6 +19,19 @@ def _row(task: str, status: str, at: float, eager_ms: float | None = 2.0) -> dic
             "output_gb": 0.1, "verdict_s": 7.5, "device": "NVIDIA H200", "checked_at": at}
 
 
+def test_checking_on_one_gpu_model_takes_the_tasks_checked_on_others_after_the_unchecked(tmp_path: Path) -> None:
+    """A set whose check must have run on an H100, partly checked on H200s: the unchecked first,
+    then those the H200s judged; the H100's own rows and the tasks left to retry are not repeated."""
+    path = tmp_path / checks.CHECKS
+    h100 = {**_row("a", "correct", 10), "device": "NVIDIA H100 80GB HBM3"}
+    checks.merge(path, [h100, _row("b", "correct", 10), _row("c", "correct", 10), _row("d", "infra_error", 10)])
+    stored = checks.read(path)
+    order = checks.to_check(list("abcdef"), stored, seed=3, on="H100")
+    assert sorted(order[:3]) == ["d", "e", "f"] and sorted(order[3:]) == ["b", "c"]
+    assert order[:3] == checks.to_check(list("abcdef"), stored, seed=3)
+    assert checks.to_check(list("abcdef"), stored, seed=3, on="H200") == [*order[:3], "a"]
+
+
 def test_later_checks_replace_earlier_ones_and_only_telling_ones_count_as_checked(tmp_path: Path) -> None:
     path = tmp_path / checks.CHECKS
     first = checks.merge(path, [_row("a", "correct", 10), _row("b", "infra_error", 10), _row("c", "task_error", 10)])

@@ -143,12 +143,20 @@ def _write(path: Path, kept: dict[str, dict[str, Any]]) -> None:
     temporary.replace(path)  # a stopped write leaves the previous file whole
 
 
-def to_check(ids: Sequence[str], checks: dict[str, dict[str, Any]], seed: int = 0) -> list[str]:
+def to_check(ids: Sequence[str], checks: dict[str, dict[str, Any]], seed: int = 0, on: str | None = None) -> list[str]:
     """The tasks of ``ids`` without a check that says something about them, in an order drawn with
-    ``seed``: a check stopped part-way has then judged a random sample of what was left."""
+    ``seed``: a check stopped part-way has then judged a random sample of what was left. With
+    ``on`` (part of a GPU model's name, e.g. ``"H100"``), the tasks checked on other GPUs follow,
+    in their own drawn order: a set whose check must have run on one model is completed on it
+    (a later row replaces the earlier one when merged)."""
     left = [task for task in ids if task not in checks or checks[task]["status"] in RETRIED]
     random.Random(seed).shuffle(left)
-    return left
+    if on is None:
+        return left
+    elsewhere = [task for task in ids if task in checks and checks[task]["status"] not in RETRIED
+                 and on not in (checks[task].get("device") or "")]
+    random.Random(seed).shuffle(elsewhere)
+    return left + elsewhere
 
 
 def failed(row: dict[str, Any]) -> bool:
