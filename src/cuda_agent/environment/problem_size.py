@@ -88,7 +88,7 @@ def measure_size(get_inputs: Callable[[], Any], make_model: Callable[[], Any],
             model = make_model()
             parameter_bytes = sum(p.numel() * p.element_size() for p in [*model.parameters(), *model.buffers()])
             outputs = model(*inputs)
-        output_bytes = sum(t.numel() * t.element_size() for t in tensors_in(outputs) if isinstance(t, torch.Tensor))
+        output_bytes = _output_bytes(outputs)
     except Exception as exc:  # noqa: BLE001 - any failure only makes the estimate coarser
         why = f"the forward pass does not run on the meta device ({type(exc).__name__})"
         output_bytes, unmeasured = _outputs_for_real(forward, sum(sizes))
@@ -102,17 +102,22 @@ def _outputs_for_real(forward: Callable[[int], Any] | None, input_bytes: int) ->
     """The bytes of ``forward(input_bytes)``'s outputs, or None and why (for the note)."""
     if forward is None:
         return None, ""
-    import torch
-
-    from cuda_agent.environment.loading import tensors_in
-
     try:
         outputs = forward(input_bytes)
     except Exception as exc:  # noqa: BLE001 - the verdict's own passes report a forward pass that fails
         return None, f", nor for real ({type(exc).__name__})"
     if outputs is None:
         return None, ", and the inputs leave no room to run it for real"
-    return sum(t.numel() * t.element_size() for t in tensors_in(outputs) if isinstance(t, torch.Tensor)), ""
+    return _output_bytes(outputs), ""
+
+
+def _output_bytes(outputs: Any) -> int:
+    """Bytes of the tensors a forward pass returned (meta or real)."""
+    import torch
+
+    from cuda_agent.environment.loading import tensors_in
+
+    return sum(t.numel() * t.element_size() for t in tensors_in(outputs) if isinstance(t, torch.Tensor))
 
 
 def memory_plan(size: ProblemSize, trials: int, needs_float64: bool, needs_tf32: bool, audits: int) -> MemoryPlan:
