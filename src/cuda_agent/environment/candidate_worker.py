@@ -445,7 +445,7 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.numel() == 0:
         return True
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    return torch.equal(shared_tensors.flat_bytes(a), shared_tensors.flat_bytes(b))
 
 
 def _transfer_weights(reference: torch.nn.Module, model: torch.nn.Module) -> list[str]:

@@ -14,6 +14,8 @@ import secrets
 
 import torch
 
+from cuda_agent.environment.shared_tensors import flat_bytes
+
 KEY_WORDS = 1 << 20
 """Weights per key (8 MB of int64): a tensor is summed in chunks of this many words."""
 _GROUP_WORDS = 1 << 25
@@ -35,7 +37,7 @@ class FingerprintKey:
 
     def __call__(self, tensor: torch.Tensor) -> int:
         """The fingerprint of ``tensor``'s bytes (its dtype and shape are the caller's to compare)."""
-        flat = tensor.detach().reshape(-1).view(torch.uint8) if tensor.numel() else tensor.new_empty(0, dtype=torch.uint8)
+        flat = flat_bytes(tensor.detach())
         if flat.storage_offset() % 8:  # 64-bit words need an aligned start
             flat = flat.clone()
         whole = flat.numel() // 8 * 8

@@ -57,6 +57,15 @@ def dtype_from_name(name: Any) -> torch.dtype:
 
 
 # -- the sender ------------------------------------------------------------------------------
+def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``tensor``'s elements in row-major order, as one uint8 tensor: a view where they
+    already lie so, a copy otherwise. ``reshape(-1).view(torch.uint8)`` fails on some dense tensors:
+    a size-1 dimension may keep any stride (a one-element ``diagonal`` has stride 2), and a
+    flattened one keeps it too."""
+    dense = tensor.contiguous()
+    return dense.as_strided((dense.numel(),), (1,)).view(torch.uint8)
+
+
 class _Region:
     """Memory this process owns and another process reads."""
 
@@ -120,7 +129,7 @@ class _FileRegion(_Region):
     def write(self, offset: int, tensor: torch.Tensor) -> None:
         if not tensor.numel():
             return
-        data = memoryview(tensor.cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        data = memoryview(flat_bytes(tensor.cpu()).numpy())
         while data:
             written = os.pwrite(self._fd, data, offset)
             data, offset = data[written:], offset + written
