@@ -42,6 +42,13 @@ def test_a_forward_pass_that_writes_into_an_input_is_flagged(tmp_path: Path) -> 
     assert "input-mutated" not in detect_degenerate(load_task(path)).flags  # NaN left as NaN is unchanged
 
 
+def test_an_output_that_is_a_view_of_an_input_is_flagged(tmp_path: Path) -> None:
+    report = detect_degenerate(_task(tmp_path, "returns_view", "(x * 2.0, torch.unbind(y)[0])"))
+    assert report.flags == ["output-aliases-input"]
+    assert "output 1 is a view of an input" in report.details[0]
+    assert "output-aliases-input" not in detect_degenerate(_task(tmp_path, "fresh", "torch.unbind(y)[0] + x")).flags
+
+
 def test_constant_output_is_flagged(tmp_path: Path) -> None:
     report = detect_degenerate(_task(tmp_path, "constant", "torch.full_like(x, 3.0) + 0 * (x + y)"))
     assert "constant-output" in report.flags

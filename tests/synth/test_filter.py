@@ -48,6 +48,7 @@ BAD = {
     "input-independent": _task("return self.w * 2.0 + 0 * x.sum()"),
     "degenerate-output": _task("return (x * self.w) * 1e-6"),
     "writes-input": _task("return torch.relu_(x) * self.w"),
+    "returns-input": _task("return torch.unbind(x)[0]"),
     # 1e-8 is lost in float32 beside most of x, in float64 beside none: the index count depends on rounding.
     "rounding-shape": _task("return torch.nonzero((x * self.w + 1e-8) - x * self.w)"),
     # Runs eagerly; torch.compile's C++ code generation needs a compiler this task takes away.

@@ -23,7 +23,7 @@ def degeneracy_flags(model: Callable[..., object], get_inputs: Callable[[], Sequ
 
     Flags (see ``degenerate.detect_degenerate``): ``non-finite-output``, ``tiny-output``,
     ``constant-output``, ``nondeterministic``, ``seed-insensitive``, ``input-ignored``,
-    ``input-mutated``.
+    ``input-mutated``, ``output-aliases-input``.
 
     Args:
         model: the reference model (called under ``torch.no_grad``).
@@ -42,6 +42,7 @@ def degeneracy_flags(model: Callable[..., object], get_inputs: Callable[[], Sequ
             return list(get_inputs())
 
     written: list[int] = []  # the inputs the first forward pass wrote into
+    aliased: list[int] = []  # the outputs of the first forward pass that are views of an input
 
     def outputs_of(inputs: list, watch: bool = False) -> list[torch.Tensor]:
         given = to_device(clone_tree(inputs), device)
@@ -50,6 +51,9 @@ def degeneracy_flags(model: Callable[..., object], get_inputs: Callable[[], Sequ
         if watch:
             written.extend(k for k, (before, after) in enumerate(zip(to_device(inputs, device), given))
                            if isinstance(after, torch.Tensor) and not _unchanged(before, after))
+            storages = {t.untyped_storage().data_ptr() for t in tensors_in(given) if t.untyped_storage().nbytes()}
+            aliased.extend(i for i, t in enumerate(tensors_in(out))
+                           if t.untyped_storage().nbytes() and t.untyped_storage().data_ptr() in storages)
         return [t.detach() for t in tensors_in(out) if t.is_floating_point()]  # compared where they are
 
     def outputs_for(seed: int, redraw: int | None = None, watch: bool = False) -> list[torch.Tensor]:
@@ -68,6 +72,10 @@ def degeneracy_flags(model: Callable[..., object], get_inputs: Callable[[], Sequ
     if written:
         flags["input-mutated"] = (f"forward() writes into input {written[0]}: a kernel judged on it may not "
                                   "(the verdict's guard forbids it), so the reference cannot be its own candidate")
+    if aliased:
+        flags["output-aliases-input"] = (f"output {aliased[0]} is a view of an input: a kernel's outputs must be "
+                                         "fresh tensors (the verdict's guard), so the reference cannot be its own "
+                                         "candidate")
     seed_all(1)
     same = draw()  # the base inputs again, run without re-seeding: random ops show
     if _differ(base, outputs_of(same), 0.0):

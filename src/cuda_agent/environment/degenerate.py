@@ -46,7 +46,8 @@ def detect_degenerate(task: Task, device: str = "cpu", seeds: int = 3, atol: flo
     tolerance), ``seed-insensitive`` (different input seeds give the same outputs),
     ``input-ignored`` (re-drawing one input leaves the outputs unchanged), ``non-finite-output``,
     ``nondeterministic`` (same inputs, different outputs), ``input-mutated`` (the forward pass
-    writes into an input: a candidate may not, so the reference cannot be judged as its own).
+    writes into an input: a candidate may not, so the reference cannot be judged as its own),
+    ``output-aliases-input`` (an output is a view of an input: a candidate's must be fresh tensors).
     """
     scratch = Path(tempfile.mkdtemp(prefix="cuda-agent-degenerate-"))
     worker = WorkerProcess("cuda_agent.environment.reference_worker", env=child_env(), cwd=scratch,

@@ -10,6 +10,8 @@ Each rule is a named reason, so a run can report its funnel. In order (cheapest 
 ``input-independent``   different input seeds, or re-drawing one input, leave the outputs unchanged
 ``writes-input``        the forward pass writes into an input (a candidate may not: the verdict's
                         guard flags it, so the task's own reference could not pass its self-check)
+``returns-input``       an output is a view of an input (``unbind(x)[0]``): a candidate's outputs must
+                        be fresh tensors, so the task's own reference could not pass its self-check
 ``rounding-shape``      an output's shape differs between float64 and float32 (``unique`` or
                         ``nonzero`` of floats): the verdict cannot judge any candidate against it
 ``too-fast`` / ``too-slow``  eager time outside ``window_ms`` (paper: 1-100 ms on the target GPU)
@@ -44,8 +46,8 @@ from cuda_agent.synth.devices import LaneDevice
 from cuda_agent.synth.records import TaskRecord
 
 REASONS = ("import-error", "eager-error", "too-much-memory", "degenerate-output", "nondeterministic",
-           "input-independent", "writes-input", "rounding-shape", "too-fast", "too-slow", "compile-error", "timeout",
-           "worker-died")
+           "input-independent", "writes-input", "returns-input", "rounding-shape", "too-fast", "too-slow",
+           "compile-error", "timeout", "worker-died")
 """Every reason a task can be rejected for, in the order the rules run."""
 
 _DEGENERACY_REASONS = {
@@ -56,6 +58,7 @@ _DEGENERACY_REASONS = {
     "tiny-output": "degenerate-output",
     "non-finite-output": "degenerate-output",
     "input-mutated": "writes-input",
+    "output-aliases-input": "returns-input",
 }
 
 DEFAULT_WINDOWS_MS = {"cuda": (1.0, 100.0), "cpu": (0.5, 1000.0)}
