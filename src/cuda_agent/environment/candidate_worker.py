@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from cuda_agent.environment import shared_tensors
+from cuda_agent.environment.shared_tensors import flat_bytes
 from cuda_agent.environment.aten_ops import compute_ops, recorded_aten_ops
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.extension_calls import ExtensionCallCounter
@@ -445,7 +446,7 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.numel() == 0:
         return True
-    return torch.equal(shared_tensors.flat_bytes(a), shared_tensors.flat_bytes(b))
+    return torch.equal(flat_bytes(a), flat_bytes(b))
 
 
 def _transfer_weights(reference: torch.nn.Module, model: torch.nn.Module) -> list[str]:
