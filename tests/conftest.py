@@ -29,6 +29,8 @@ from cuda_agent.environment import EvalConfig, Status, Verdict, VerifyConfig, ev
 from cuda_agent.environment.build import build_solution
 from cuda_agent.environment.guards import GuardConfig
 from cuda_agent.environment.solution import load_solution
+from cuda_agent.evaluate.runner import selfcheck_config, write_selfcheck_solutions
+from cuda_agent.evaluate.tasks import EvalTask
 
 from support import FAST_TIMING, FIXTURES, SMALL_RELU_TASK, child_pids
 
@@ -160,6 +162,21 @@ def run_evaluation(make_config, scratch_dir: Path) -> Callable[..., Verdict]:
         assert child_pids() == [], "the evaluation left worker processes behind"
         assert list(scratch_dir.iterdir()) == [], "the evaluation left scratch files behind"
         return verdict
+
+    return run
+
+
+@pytest.fixture()
+def run_self_check(run_evaluation, make_config, tmp_path: Path) -> Callable[[str, str], Verdict]:
+    """``run_self_check(name, code)``: the task ``code`` judged with its own reference as the
+    candidate, as ``cuda-agent tasks check`` writes and configures it."""
+
+    def run(name: str, code: str) -> Verdict:
+        task_path = tmp_path / f"{name}.py"
+        task_path.write_text(code)
+        task = EvalTask(name, None, None, str(task_path), load_task(task_path), None)
+        write_selfcheck_solutions([task], tmp_path / "selfcheck", tf32=False)
+        return run_evaluation(task_path, tmp_path / "selfcheck" / f"{name}.py", selfcheck_config(make_config()))
 
     return run
 

@@ -8,14 +8,11 @@ output, not by the task.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
 from cuda_agent.environment import Status
 from cuda_agent.environment.fingerprint import FingerprintKey
 from cuda_agent.environment.shared_tensors import flat_bytes
-from cuda_agent.evaluate.runner import selfcheck_config
 
 _DIAGONAL_TASK = '''import torch
 import torch.nn as nn
@@ -57,11 +54,6 @@ def test_a_fingerprint_of_such_a_tensor_is_that_of_its_values() -> None:
     assert key(diagonal) == key(torch.tensor([[[2.5]]])) != key(torch.tensor([[[2.0]]]))
 
 
-def test_a_task_ending_on_a_one_element_diagonal_passes_its_self_check(
-        tmp_path: Path, run_evaluation, make_config) -> None:
-    task = tmp_path / "diagonal.py"
-    task.write_text(_DIAGONAL_TASK)
-    solution = tmp_path / "diagonal_selfcheck.py"
-    solution.write_text(_DIAGONAL_TASK + "\n\nclass ModelNew(Model):\n    pass\n")
-    verdict = run_evaluation(task, solution, selfcheck_config(make_config()))
+def test_a_task_ending_on_a_one_element_diagonal_passes_its_self_check(run_self_check) -> None:
+    verdict = run_self_check("diagonal", _DIAGONAL_TASK)
     assert verdict.status is Status.CORRECT, verdict.error

@@ -169,13 +169,8 @@ def test_outputs_the_meta_device_cannot_run_are_measured_by_one_real_forward_pas
     assert failed.output_bytes is None and "nor for real (ZeroDivisionError)" in failed.note, failed.note
 
 
-def test_a_verdict_plans_with_the_outputs_of_a_problem_the_meta_device_cannot_run(
-        tmp_path: Path, run_evaluation, make_config) -> None:
-    task = tmp_path / "cov.py"
-    task.write_text(_COV_TASK)
-    solution = tmp_path / "cov_selfcheck.py"
-    solution.write_text(_COV_TASK + "\n\nclass ModelNew(Model):\n    pass\n")
-    verdict = run_evaluation(task, solution, selfcheck_config(make_config()))
+def test_a_verdict_plans_with_the_outputs_of_a_problem_the_meta_device_cannot_run(run_self_check) -> None:
+    verdict = run_self_check("cov", _COV_TASK)
     assert verdict.status is Status.CORRECT, verdict.error
     assert verdict.problem_bytes["output_bytes"] == 2048 * 2048 * 4, verdict.problem_bytes
     assert any(n.startswith("size: outputs measured by one forward pass") for n in verdict.notes), verdict.notes

@@ -26,7 +26,7 @@ from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.extension_calls import ExtensionCallCounter
 from cuda_agent.environment.fingerprint import FingerprintKey
 from cuda_agent.environment.integrity import HarnessSnapshot
-from cuda_agent.environment.loading import import_file, seed_all, storage_span, tensors_in
+from cuda_agent.environment.loading import import_file, seed_all, shares_memory, storage_span, tensors_in
 from cuda_agent.environment.solution import EXTENSION_NAME
 from cuda_agent.environment.timed_cpus import pinned_to
 from cuda_agent.environment.thread_starts import ThreadStartLog
@@ -431,8 +431,7 @@ def runtime_violations(outputs: Any, inputs: list, changed_inputs: list[int], de
             continue
         if out.device.type != device:
             violations.append({"code": "output-wrong-device", "message": f"output {i} is on {out.device}, expected {device}"})
-        start, end = storage_span(out)
-        if out.untyped_storage().nbytes() and any(start < e and s < end for s, e in input_spans):
+        if shares_memory(out, input_spans):
             violations.append({"code": "output-aliases-input",
                                "message": f"output {i} shares memory with an input; outputs must be fresh tensors"})
     for i in changed_inputs:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from cuda_agent.environment.degenerate import DEFAULT_ATOL
-from cuda_agent.environment.loading import clone_tree, seed_all, tensors_in, to_device
+from cuda_agent.environment.loading import clone_tree, seed_all, shares_memory, storage_span, tensors_in, to_device
 
 
 def degeneracy_flags(model: Callable[..., object], get_inputs: Callable[[], Sequence[object]], device: str,
@@ -51,9 +51,8 @@ def degeneracy_flags(model: Callable[..., object], get_inputs: Callable[[], Sequ
         if watch:
             written.extend(k for k, (before, after) in enumerate(zip(to_device(inputs, device), given))
                            if isinstance(after, torch.Tensor) and not _unchanged(before, after))
-            storages = {t.untyped_storage().data_ptr() for t in tensors_in(given) if t.untyped_storage().nbytes()}
-            aliased.extend(i for i, t in enumerate(tensors_in(out))
-                           if t.untyped_storage().nbytes() and t.untyped_storage().data_ptr() in storages)
+            spans = [storage_span(t) for t in tensors_in(given)]
+            aliased.extend(i for i, t in enumerate(tensors_in(out)) if shares_memory(t, spans))
         return [t.detach() for t in tensors_in(out) if t.is_floating_point()]  # compared where they are
 
     def outputs_for(seed: int, redraw: int | None = None, watch: bool = False) -> list[torch.Tensor]:

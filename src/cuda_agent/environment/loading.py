@@ -83,3 +83,10 @@ def storage_span(t) -> tuple[int, int]:
     """Byte range ``[start, end)`` of the storage behind tensor ``t``."""
     storage = t.untyped_storage()
     return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+def shares_memory(t, spans: list[tuple[int, int]]) -> bool:
+    """Whether the storage behind tensor ``t`` overlaps one of ``spans`` (:func:`storage_span` of
+    other tensors): an output that does is a view of an input, not a fresh tensor."""
+    start, end = storage_span(t)
+    return bool(t.untyped_storage().nbytes()) and any(start < e and s < end for s, e in spans)

@@ -56,7 +56,6 @@ def dtype_from_name(name: Any) -> torch.dtype:
         raise ShareError(f"unsupported dtype {name!r}; supported: {sorted(_DTYPES)}") from None
 
 
-# -- the sender ------------------------------------------------------------------------------
 def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     """The bytes of ``tensor``'s elements in row-major order, as one uint8 tensor: a view where they
     already lie so, a copy otherwise. ``reshape(-1).view(torch.uint8)`` fails on some dense tensors:
@@ -66,6 +65,7 @@ def flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return dense.as_strided((dense.numel(),), (1,)).view(torch.uint8)
 
 
+# -- the sender ------------------------------------------------------------------------------
 class _Region:
     """Memory this process owns and another process reads."""
 
