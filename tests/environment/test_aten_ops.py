@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cuda_agent.environment.aten_ops import compute_ops, recorded_aten_ops
+from cuda_agent.environment.aten_ops import compute_ops, recorded_aten_ops, recorded_value_shaped_ops
 
 
 def _computed(fn) -> list[str]:
@@ -31,3 +31,15 @@ def test_compute_reached_through_a_tensor_method_lookup_is_recorded() -> None:
     """What a pybind11 ``x.attr("relu")()`` from C++ amounts to: a dynamic lookup, still dispatched."""
     x = torch.randn(8)
     assert _computed(lambda: getattr(x, "re" + "lu")()) == ["relu"]
+
+
+def test_operators_whose_output_shape_follows_values_are_told_apart() -> None:
+    """What the synthesis filter's ``rounding-shape`` rule keys on: only these outputs' shapes can
+    differ between float64 and float32."""
+    x = torch.randn(64)
+    for fn, expected in ((lambda: torch.unique(x), {"_unique2"}), (lambda: torch.nonzero(x > 0), {"nonzero"}),
+                         (lambda: x[x > 0], {"index"}), (lambda: float(x.sum()), {"_local_scalar_dense"}),
+                         (lambda: F.relu(x @ x.new_ones(64, 8)).sum(dim=0), set())):
+        with recorded_value_shaped_ops() as value_shaped:
+            fn()
+        assert value_shaped == expected, fn

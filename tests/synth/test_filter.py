@@ -64,6 +64,22 @@ def task_filter():
         yield f
 
 
+def test_a_shape_that_rounding_changes_on_a_later_input_only_is_caught() -> None:
+    """The first input (seed 42: x[0, 0] = 1.93) takes the branch whose shape rounding cannot
+    change; most later ones take the other. One input lets the task through, the default eight do not."""
+    task = _task("""\
+        y = (x * self.w + 1e-8) - x * self.w
+        return torch.nonzero(y if x[0, 0] < 1.0 else y * 0 + 1)""")
+    outcomes = {}
+    for seeds in (1, FilterConfig().rounding_seeds):
+        with TaskFilter(FilterConfig(device="cpu", window_ms=(0.0, 10_000.0), compile=False,
+                                     rounding_seeds=seeds)) as one_filter:
+            outcomes[seeds] = one_filter.check(task)
+    assert outcomes[1].accepted, outcomes[1].detail
+    rejected = outcomes[FilterConfig().rounding_seeds]
+    assert rejected.reason == "rounding-shape" and "nonzero" in rejected.detail, rejected
+
+
 def test_a_good_task_passes_with_its_times_recorded(task_filter) -> None:
     outcome = task_filter.check(GOOD)
     assert outcome.accepted, outcome.detail

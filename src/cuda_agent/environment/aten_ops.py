@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cuda_agent.environment.guards.vocabulary import ALLOWED_TENSOR_METHODS, ALLOWED_TORCH_CALLS, CPP_ALLOWED_PATHS, TENSOR
@@ -33,13 +34,22 @@ ALLOWED_RUNTIME_OPS = frozenset(
 )
 
 
+VALUE_SHAPED_TAGS = frozenset({torch.Tag.dynamic_output_shape, torch.Tag.data_dependent_output})
+"""ATen's tags for operators whose output's shape (``unique``, ``nonzero``, ``masked_select``) or
+host value (``item``) follows from their inputs' values, not only from their shapes."""
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.names: list[str] = []
+        self.value_shaped: set[str] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
+        name = func.overloadpacket.__name__
+        self.names.append(name)
+        if not VALUE_SHAPED_TAGS.isdisjoint(func.tags):
+            self.value_shaped.add(name)
         return func(*args, **(kwargs or {}))
 
 
@@ -48,6 +58,15 @@ def recorded_aten_ops() -> Iterator[list[str]]:
     """Yield a list that holds, as the block runs, the names of the ATen operators it dispatches."""
     with _Recorder() as recorder:
         yield recorder.names
+
+
+@contextlib.contextmanager
+def recorded_value_shaped_ops() -> Iterator[set[str]]:
+    """Yield a set that holds, as the block runs, the names of the operators it dispatched whose
+    output's shape or host value depends on their inputs' values (:data:`VALUE_SHAPED_TAGS`): where
+    there are none, the block's outputs' shapes follow from its inputs' shapes alone."""
+    with _Recorder() as recorder:
+        yield recorder.value_shaped
 
 
 def compute_ops(names: list[str]) -> list[str]:

@@ -21,6 +21,7 @@ nothing else, and trials are freed as soon as they are judged.
 from __future__ import annotations
 
 import copy
+import functools
 import gc
 import os
 import re
@@ -32,6 +33,7 @@ from typing import Any, Callable
 
 import torch
 
+from cuda_agent.environment.aten_ops import recorded_value_shaped_ops
 from cuda_agent.environment.comparison import References, rounding_dependent_shape, tf32_enabled, tf32_setting
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.degeneracy_probe import degeneracy_flags
@@ -503,16 +505,26 @@ class ReferenceWorker:
 
     def rounding_shape(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Whether the outputs' shapes depend on rounding, by the verdict's own reference passes
-        (float64, then float32 with TF32 off, on inputs from ``seed``) whatever the loaded policy:
-        a verdict refuses such a task (``UnjudgeableReference``), so the synthesis filter drops it.
-        A model without a float64 pass (an op with no float64 kernel, no room for it) passes, as
-        the verdict then falls back to float32 alone."""
+        (float64, then float32 with TF32 off) whatever the loaded policy: a verdict refuses such a
+        task (``UnjudgeableReference``), so the synthesis filter drops it. Only a forward that runs
+        an operator whose output's shape follows from values (``unique``, ``nonzero``, ``item``:
+        :func:`recorded_value_shaped_ops`, seen on the first of ``seeds``) can have one; it is tried
+        on every seed, since rounding may change such a shape on a few inputs only (one
+        ``unique_consecutive`` of 1.8M floats lost an element in float32 on one input in six). A
+        model without a float64 pass (an op with no float64 kernel, no room for it) passes, as the
+        verdict then falls back to float32 alone."""
+        seeds = [int(seed) for seed in msg["seeds"]]
+        with torch.no_grad(), tf32_enabled(False), recorded_value_shaped_ops() as value_shaped:
+            self.model(*self._draw_inputs(seeds[0]))
+        if not value_shaped:
+            return {"problem": None}
         if self.model64 is None and self.fp64_error is None:
             self._make_model64()
-        try:
-            self._references(lambda: self._draw_inputs(int(msg["seed"])))
-        except UnjudgeableReference as exc:
-            return {"problem": str(exc)}
+        for seed in seeds:
+            try:
+                self._references(functools.partial(self._draw_inputs, seed))
+            except UnjudgeableReference as exc:
+                return {"problem": f"{exc} (inputs of seed {seed}; {', '.join(sorted(value_shaped))} ran)"}
         return {"problem": None}
 
     def probe(self, msg: dict[str, Any]) -> dict[str, Any]:

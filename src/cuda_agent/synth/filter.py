@@ -13,7 +13,8 @@ Each rule is a named reason, so a run can report its funnel. In order (cheapest 
 ``returns-input``       an output is a view of an input (``unbind(x)[0]``): a candidate's outputs must
                         be fresh tensors, so the task's own reference could not pass its self-check
 ``rounding-shape``      an output's shape differs between float64 and float32 (``unique`` or
-                        ``nonzero`` of floats): the verdict cannot judge any candidate against it
+                        ``nonzero`` of floats) on one of ``rounding_seeds`` inputs: the verdict
+                        cannot judge any candidate against it
 ``too-fast`` / ``too-slow``  eager time outside ``window_ms`` (paper: 1-100 ms on the target GPU)
 ``compile-error``       ``torch.compile(Model)`` fails to build or run
 ``timeout`` / ``worker-died``  the task hung or killed its worker
@@ -86,6 +87,9 @@ class FilterConfig:
     degenerate_atol: float = DEFAULT_ATOL
     """Outputs whose magnitude is below this are ``degenerate-output`` (zeros would pass)."""
     degenerate_seeds: int = 3
+    rounding_seeds: int = 8
+    """Inputs on which a forward with a value-shaped operator (``unique``, ``nonzero``) is run in
+    float64 and float32 for ``rounding-shape``: a shape may change with rounding on a few inputs only."""
     timing: TimingConfig = field(default_factory=_filter_timing)
     step_timeout_s: float = 300.0
     """Limit on each step (import, one forward, compile, timing) before the task is ``timeout``."""
@@ -102,8 +106,9 @@ class FilterConfig:
         low, high = self.window
         if not 0 <= low < high:
             raise ValueError(f"filter.window_ms must be (low, high) with 0 <= low < high, got {self.window_ms}")
-        if self.memory_bound_mb <= 0 or self.step_timeout_s <= 0 or self.restart_every < 1:
-            raise ValueError("filter.max_memory_mb and filter.step_timeout_s must be > 0, filter.restart_every >= 1")
+        if self.memory_bound_mb <= 0 or self.step_timeout_s <= 0 or self.restart_every < 1 or self.rounding_seeds < 1:
+            raise ValueError("filter.max_memory_mb and filter.step_timeout_s must be > 0, filter.restart_every and "
+                             "filter.rounding_seeds >= 1")
 
     @property
     def window(self) -> tuple[float, float]:
@@ -196,8 +201,9 @@ class TaskFilter:
                                               "atol": config.degenerate_atol})
             found = {_DEGENERACY_REASONS.get(flag, "degenerate-output"): detail
                      for flag, detail in zip(flags["flags"], flags["details"])}
-            if not found:  # the float64 pass only for a task every cheaper rule let through
-                problem = self._ask("eager-error", {"op": "rounding_shape", "seed": 42})["problem"]
+            if not found:  # the float64 passes only for a task every cheaper rule let through
+                seeds = [42 + k for k in range(config.rounding_seeds)]
+                problem = self._ask("eager-error", {"op": "rounding_shape", "seeds": seeds})["problem"]
                 if problem:
                     found["rounding-shape"] = problem
         for reason in REASONS:  # the first rule in order: a tiny output also looks input-independent
