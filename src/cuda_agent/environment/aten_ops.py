@@ -43,13 +43,20 @@ class _Recorder(TorchDispatchMode):
     def __init__(self) -> None:
         super().__init__()
         self.names: list[str] = []
-        self.value_shaped: set[str] = set()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        self.names.append(name)
+        self.names.append(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+class _ValueShapedRecorder(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not VALUE_SHAPED_TAGS.isdisjoint(func.tags):
-            self.value_shaped.add(name)
+            self.names.add(func.overloadpacket.__name__)
         return func(*args, **(kwargs or {}))
 
 
@@ -65,8 +72,8 @@ def recorded_value_shaped_ops() -> Iterator[set[str]]:
     """Yield a set that holds, as the block runs, the names of the operators it dispatched whose
     output's shape or host value depends on their inputs' values (:data:`VALUE_SHAPED_TAGS`): where
     there are none, the block's outputs' shapes follow from its inputs' shapes alone."""
-    with _Recorder() as recorder:
-        yield recorder.value_shaped
+    with _ValueShapedRecorder() as recorder:
+        yield recorder.names
 
 
 def compute_ops(names: list[str]) -> list[str]:

@@ -20,13 +20,13 @@ from typing import Any
 import torch
 
 from cuda_agent.environment import shared_tensors
-from cuda_agent.environment.shared_tensors import flat_bytes
 from cuda_agent.environment.aten_ops import compute_ops, recorded_aten_ops
 from cuda_agent.environment.config import TimingConfig
 from cuda_agent.environment.extension_calls import ExtensionCallCounter
 from cuda_agent.environment.fingerprint import FingerprintKey
 from cuda_agent.environment.integrity import HarnessSnapshot
 from cuda_agent.environment.loading import import_file, seed_all, shares_memory, storage_span, tensors_in
+from cuda_agent.environment.shared_tensors import flat_bytes
 from cuda_agent.environment.solution import EXTENSION_NAME
 from cuda_agent.environment.timed_cpus import pinned_to
 from cuda_agent.environment.thread_starts import ThreadStartLog
