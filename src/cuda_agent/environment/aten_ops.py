@@ -11,7 +11,7 @@ the answer.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -40,23 +40,16 @@ host value (``item``) follows from their inputs' values, not only from their sha
 
 
 class _Recorder(TorchDispatchMode):
-    def __init__(self) -> None:
+    """The names of the operators dispatched under it, in order; with ``keep``, those it admits."""
+
+    def __init__(self, keep: Callable[[Any], bool] | None = None) -> None:
         super().__init__()
+        self.keep = keep
         self.names: list[str] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.names.append(func.overloadpacket.__name__)
-        return func(*args, **(kwargs or {}))
-
-
-class _ValueShapedRecorder(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: set[str] = set()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not VALUE_SHAPED_TAGS.isdisjoint(func.tags):
-            self.names.add(func.overloadpacket.__name__)
+        if self.keep is None or self.keep(func):
+            self.names.append(func.overloadpacket.__name__)
         return func(*args, **(kwargs or {}))
 
 
@@ -69,11 +62,13 @@ def recorded_aten_ops() -> Iterator[list[str]]:
 
 @contextlib.contextmanager
 def recorded_value_shaped_ops() -> Iterator[set[str]]:
-    """Yield a set that holds, as the block runs, the names of the operators it dispatched whose
-    output's shape or host value depends on their inputs' values (:data:`VALUE_SHAPED_TAGS`): where
-    there are none, the block's outputs' shapes follow from its inputs' shapes alone."""
-    with _ValueShapedRecorder() as recorder:
-        yield recorder.names
+    """Yield a set that holds, once the block has run, the names of the operators it dispatched
+    whose output's shape or host value depends on their inputs' values (:data:`VALUE_SHAPED_TAGS`):
+    where there are none, the block's outputs' shapes follow from its inputs' shapes alone."""
+    names: set[str] = set()
+    with _Recorder(keep=lambda func: not VALUE_SHAPED_TAGS.isdisjoint(func.tags)) as recorder:
+        yield names
+    names.update(recorder.names)
 
 
 def compute_ops(names: list[str]) -> list[str]:

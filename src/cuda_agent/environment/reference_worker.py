@@ -483,20 +483,22 @@ class ReferenceWorker:
         return to_device(list(self.module.get_inputs()), self.device)
 
     def footprint(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Memory one eager forward pass needs, in bytes. On CUDA the allocator's peak during the
+        """Memory one eager forward pass needs, in bytes, and the operators it ran whose output's
+        shape follows from values (``value_shaped``: :func:`recorded_value_shaped_ops`; only such a
+        forward can fail ``rounding_shape``). On CUDA the memory is the allocator's peak during the
         call (inputs, parameters, activations and outputs); on CPU, which keeps no peak statistics,
         the inputs, parameters, buffers and outputs: a lower bound."""
         inputs = self._draw_inputs(msg["seed"])  # its own copy: the forward pass may write into it
         if self.device == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
-        with torch.no_grad():
+        with torch.no_grad(), recorded_value_shaped_ops() as value_shaped:
             outputs = self.model(*inputs)
         if self.device == "cuda":
             torch.cuda.synchronize()
-            return {"bytes": int(torch.cuda.max_memory_allocated())}
+            return {"bytes": int(torch.cuda.max_memory_allocated()), "value_shaped": sorted(value_shaped)}
         held = [*tensors_in(inputs), *tensors_in(outputs), *self.model.parameters(), *self.model.buffers()]
-        return {"bytes": sum(t.numel() * t.element_size() for t in held)}
+        return {"bytes": sum(t.numel() * t.element_size() for t in held), "value_shaped": sorted(value_shaped)}
 
     def degeneracy(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Measure what ``degenerate.detect_degenerate`` reports (see there for the flags)."""
@@ -505,26 +507,21 @@ class ReferenceWorker:
 
     def rounding_shape(self, msg: dict[str, Any]) -> dict[str, Any]:
         """Whether the outputs' shapes depend on rounding, by the verdict's own reference passes
-        (float64, then float32 with TF32 off) whatever the loaded policy: a verdict refuses such a
-        task (``UnjudgeableReference``), so the synthesis filter drops it. Only a forward that runs
-        an operator whose output's shape follows from values (``unique``, ``nonzero``, ``item``:
-        :func:`recorded_value_shaped_ops`, seen on the first of ``seeds``) can have one; it is tried
-        on every seed, since rounding may change such a shape on a few inputs only (one
-        ``unique_consecutive`` of 1.8M floats lost an element in float32 on one input in six). A
-        model without a float64 pass (an op with no float64 kernel, no room for it) passes, as the
-        verdict then falls back to float32 alone."""
-        seeds = [int(seed) for seed in msg["seeds"]]
-        with torch.no_grad(), tf32_enabled(False), recorded_value_shaped_ops() as value_shaped:
-            self.model(*self._draw_inputs(seeds[0]))
-        if not value_shaped:
-            return {"problem": None}
+        (float64, then float32 with TF32 off) on the inputs of each of ``seeds``, whatever the
+        loaded policy: a verdict refuses such a task (``UnjudgeableReference``), so the synthesis
+        filter drops it. The filter asks only for a forward that runs an operator whose output's
+        shape follows from values (``value_shaped``, as ``footprint`` saw them), and on several
+        inputs, since rounding may change such a shape on a few only (one ``unique_consecutive`` of
+        1.8M floats lost an element in float32 on one input in six). A model without a float64
+        pass (an op with no float64 kernel, no room for it) passes, as the verdict then falls back
+        to float32 alone."""
         if self.model64 is None and self.fp64_error is None:
             self._make_model64()
-        for seed in seeds:
+        for seed in (int(seed) for seed in msg["seeds"]):
             try:
                 self._references(functools.partial(self._draw_inputs, seed))
             except UnjudgeableReference as exc:
-                return {"problem": f"{exc} (inputs of seed {seed}; {', '.join(sorted(value_shaped))} ran)"}
+                return {"problem": f"{exc} (inputs of seed {seed}; {', '.join(msg['value_shaped'])} ran)"}
         return {"problem": None}
 
     def probe(self, msg: dict[str, Any]) -> dict[str, Any]:

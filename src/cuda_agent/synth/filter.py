@@ -192,7 +192,8 @@ class TaskFilter:
             self._ask("import-error", {"op": "load", "task_file": str(task_file), "device": config.device,
                                        "init_seed": 42, "precision": "kernelbench"})
         with self._measuring(outcome), self._timed(outcome, "checks"):  # forward passes: keep off others' timing
-            memory = self._ask("eager-error", {"op": "footprint", "seed": 42})["bytes"] / 2**20
+            footprint = self._ask("eager-error", {"op": "footprint", "seed": 42})
+            memory = footprint["bytes"] / 2**20
             outcome.memory_mb = memory
             if memory > config.memory_bound_mb:
                 raise _Rejected("too-much-memory",
@@ -201,9 +202,10 @@ class TaskFilter:
                                               "atol": config.degenerate_atol})
             found = {_DEGENERACY_REASONS.get(flag, "degenerate-output"): detail
                      for flag, detail in zip(flags["flags"], flags["details"])}
-            if not found:  # the float64 passes only for a task every cheaper rule let through
+            if not found and footprint["value_shaped"]:  # float64 passes: only where a shape may follow values
                 seeds = [42 + k for k in range(config.rounding_seeds)]
-                problem = self._ask("eager-error", {"op": "rounding_shape", "seeds": seeds})["problem"]
+                problem = self._ask("eager-error", {"op": "rounding_shape", "seeds": seeds,
+                                                    "value_shaped": footprint["value_shaped"]})["problem"]
                 if problem:
                     found["rounding-shape"] = problem
         for reason in REASONS:  # the first rule in order: a tiny output also looks input-independent
